@@ -1,0 +1,33 @@
+# The two commands: `make demo` (the main job) and `make test`.
+# Each creates/updates the virtual environment in $(VENV) first.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# The CPU wheel of torch that lies on this machine's disk; any other torch request may
+# pull a multi-GB CUDA build. The package itself only asks for a range (setup.cfg).
+TORCH_PIN ?= torch==2.13.0
+PYTEST_ARGS ?=
+
+.PHONY: demo test test-all install clean
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_PIN)"
+	$(PY) -m pip install --quiet -e ".[test]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: $(VENV)/.installed
+	$(PY) -m ppo.sft
+
+test: $(VENV)/.installed
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+test-all: $(VENV)/.installed
+	$(PY) -m pytest -q -m "slow or not slow" $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .cache runs *.egg-info

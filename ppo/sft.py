@@ -1,0 +1,188 @@
+"""SFT warm start: train the tiny testbed model on the task's demonstrations.
+
+RL fine-tunes a policy that can already do the task sometimes; from a random model the
+reward would almost always be 0 and nothing would be learned. This module trains the tiny
+model just long enough to be *partially* competent (held-out sampled accuracy roughly
+20-50%), leaving RL room to improve, and caches the result on disk keyed by its settings so
+every run, test and ablation starts from the same, deterministic checkpoint.
+
+Run ``ppo-sft`` (or ``python -m ppo.sft``) to build the warm start and print its baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import shutil
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+
+from .evaluation import evaluate, format_eval
+from .policy import encode_prompts, left_pad, position_ids_from_mask
+from .tasks.arithmetic import LEVELS, ArithmeticTask
+from .tiny_model import TinyModelConfig, build_char_tokenizer, build_tiny_model
+
+# Bump when the SFT recipe or the task's text format changes, so old caches are not reused.
+SFT_FORMAT_VERSION = 1
+DEFAULT_CACHE_DIR = Path(os.environ.get("PPO_CACHE_DIR", Path(__file__).resolve().parent.parent / ".cache"))
+
+
+@dataclass
+class SFTConfig:
+    """Settings of the warm start; all of them are part of the cache key."""
+
+    seed: int = 0
+    steps: int = 400  # tuned so the policy is partially competent (see module docstring)
+    batch_size: int = 64
+    lr: float = 3e-3
+    warmup_steps: int = 20
+    weight_decay: float = 0.0
+    model: TinyModelConfig = field(default_factory=TinyModelConfig)
+    levels: tuple = LEVELS
+    max_checks: int = 3
+    max_new_tokens: int = 64  # generation budget for evaluation (and the RL default)
+    threads: int = 2  # torch intra-op threads: fixed so the result is deterministic
+
+    def __post_init__(self):
+        if isinstance(self.model, dict):
+            self.model = TinyModelConfig(**self.model)
+        self.levels = tuple(tuple(level) for level in self.levels)
+        for name in ("steps", "batch_size", "max_new_tokens", "threads"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"SFTConfig.{name}: must be positive, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ValueError(f"SFTConfig.lr: must be positive, got {self.lr}")
+
+    def task(self) -> ArithmeticTask:
+        return ArithmeticTask(levels=self.levels, max_checks=self.max_checks)
+
+    def cache_key(self) -> str:
+        payload = json.dumps({"version": SFT_FORMAT_VERSION, **asdict(self)}, sort_keys=True, default=list)
+        return hashlib.sha256(payload.encode()).hexdigest()[:16]
+
+
+def demonstration_batch(tokenizer, problems) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`(input_ids, attention_mask, labels)` for SFT; labels are -100 outside the response.
+
+    The target is the demonstration followed by EOS, so the model learns to stop.
+    """
+    prompt_ids = encode_prompts(tokenizer, [p.prompt for p in problems])
+    sequences, label_rows = [], []
+    for ids, problem in zip(prompt_ids, problems):
+        if problem.demonstration is None:
+            raise ValueError(f"problem {problem.prompt!r} has no demonstration to train on")
+        response = tokenizer(problem.demonstration, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+        sequences.append(ids + response)
+        label_rows.append([-100] * len(ids) + response)
+    input_ids, attention_mask = left_pad(sequences, tokenizer.pad_token_id)
+    labels = torch.full_like(input_ids, -100)
+    for row, target in enumerate(label_rows):
+        labels[row, input_ids.shape[1] - len(target):] = torch.tensor(target)
+    return input_ids, attention_mask, labels
+
+
+def sft_loss(model, input_ids, attention_mask, labels) -> torch.Tensor:
+    """Mean next-token cross-entropy over response tokens."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                   position_ids=position_ids_from_mask(attention_mask)).logits  # [B, L, V]
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
+
+
+def train_sft(config: SFTConfig, output_dir: str | Path | None = None, progress: bool = True):
+    """Train the warm start from scratch; returns `(model, tokenizer)` (and saves if asked)."""
+    torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    rng = random.Random(config.seed)
+    task = config.task()
+    tokenizer = build_char_tokenizer()
+    model = build_tiny_model(config.model, tokenizer)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer,
+        lambda step: min(1.0, (step + 1) / config.warmup_steps)
+        * max(0.0, 1 - max(0, step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)),
+    )
+    bar = tqdm(range(config.steps), desc="SFT warm start", disable=not progress, dynamic_ncols=True)
+    for _ in bar:
+        batch = demonstration_batch(tokenizer, task.sample_problems(config.batch_size, rng))
+        loss = sft_loss(model, *batch)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        bar.set_postfix(loss=f"{loss.item():.3f}")
+    model.eval()
+    if output_dir is not None:
+        save_atomically(model, tokenizer, Path(output_dir))
+    return model, tokenizer
+
+
+def save_atomically(model, tokenizer, output_dir: Path, extra: dict | None = None) -> None:
+    """Write to a temporary sibling directory, then rename: never a half-written model."""
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp_dir = output_dir.with_name(output_dir.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    model.save_pretrained(tmp_dir)
+    tokenizer.save_pretrained(tmp_dir)
+    for name, payload in (extra or {}).items():
+        (tmp_dir / name).write_text(json.dumps(payload, indent=2, sort_keys=True))
+    if output_dir.exists():
+        shutil.rmtree(output_dir)
+    os.replace(tmp_dir, output_dir)
+
+
+def warm_start(config: SFTConfig | None = None, cache_dir: str | Path | None = None,
+               progress: bool = True, force: bool = False) -> Path:
+    """The directory of the cached SFT model for `config`, training it if needed.
+
+    The directory also holds ``sft_info.json`` with the config, training time and the
+    held-out baseline metrics.
+    """
+    config = config or SFTConfig()
+    cache_dir = Path(cache_dir or DEFAULT_CACHE_DIR)
+    output_dir = cache_dir / "sft" / config.cache_key()
+    if (output_dir / "sft_info.json").is_file() and not force:
+        return output_dir
+    start = time.perf_counter()
+    model, tokenizer = train_sft(config, progress=progress)
+    train_seconds = time.perf_counter() - start
+    metrics = evaluate(model, tokenizer, config.task(), config.max_new_tokens, seed=config.seed)
+    info = {"config": json.loads(json.dumps(asdict(config), default=list)),
+            "train_seconds": train_seconds, "eval": metrics}
+    save_atomically(model, tokenizer, output_dir, extra={"sft_info.json": info})
+    return output_dir
+
+
+def load_sft_info(model_dir: str | Path) -> dict:
+    return json.loads((Path(model_dir) / "sft_info.json").read_text())
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Build (or load from cache) the SFT warm start and print its baseline.")
+    parser.add_argument("--seed", type=int, default=SFTConfig.seed)
+    parser.add_argument("--steps", type=int, default=SFTConfig.steps)
+    parser.add_argument("--cache-dir", default=None, help=f"default: {DEFAULT_CACHE_DIR}")
+    parser.add_argument("--force", action="store_true", help="retrain even if a cached model exists")
+    args = parser.parse_args(argv)
+    config = SFTConfig(seed=args.seed, steps=args.steps)
+    model_dir = warm_start(config, cache_dir=args.cache_dir, force=args.force)
+    info = load_sft_info(model_dir)
+    print(f"SFT warm start: {model_dir}")
+    print(f"trained in {info['train_seconds']:.1f}s ({config.steps} steps, seed {config.seed})")
+    print(f"held-out set: {len(config.task().eval_problems())} problems, levels {list(config.levels)} "
+          "(operands, digits)")
+    print(format_eval(info["eval"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""The default testbed task: scratchpad addition with a verifiable reward.
+
+A prompt is a sum, e.g. ``"27+5+8="``. A demonstration works it out left to right on a
+scratchpad, optionally re-checks the total a variable number of times, and then writes the
+final answer after the ``#`` marker::
+
+    27+5=32;32+8=40;chk40;#40<eos>
+
+Why it looks like this (each property is something a later ablation measures):
+
+- **Difficulty levels.** Level ``k`` has a fixed number of operands and digits (see
+  `LEVELS`), so a partially trained model solves level 0 nearly always and the top level
+  rarely. Group-relative advantages (GRPO's std division, difficulty filtering) act very
+  differently on these groups.
+- **Variable length for the same answer.** Demonstrations carry 0..`max_checks` optional
+  ``chk<total>;`` steps, so one problem has short and long correct responses and RL can
+  move response length either way; length normalisation and Kimi's length reward have a
+  visible effect.
+- **A verifiable scorer with format signals.** `score` parses the text after the last
+  ``#`` marker; a response without it, or without EOS, is flagged.
+- **A fixed, seeded held-out set** with equal counts per level.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Sequence
+
+from .base import Problem, Score
+
+ANSWER_MARKER = "#"
+STEP_SEPARATOR = ";"
+CHECK_PREFIX = "chk"
+
+# (number of operands, digits per operand) for each difficulty level.
+LEVELS: tuple[tuple[int, int], ...] = ((2, 1), (3, 1), (4, 1), (3, 2))
+
+_ANSWER_RE = re.compile(r"#(-?\d+)\s*$")
+
+
+def solve_with_scratchpad(operands: Sequence[int], num_checks: int) -> str:
+    """The demonstration response for a sum: running totals, re-checks, answer.
+
+    >>> solve_with_scratchpad([27, 5, 8], num_checks=1)
+    '27+5=32;32+8=40;chk40;#40'
+    """
+    steps = []
+    total = operands[0]
+    for operand in operands[1:]:
+        steps.append(f"{total}+{operand}={total + operand}")
+        total += operand
+    steps += [f"{CHECK_PREFIX}{total}"] * num_checks
+    return STEP_SEPARATOR.join(steps) + f"{STEP_SEPARATOR}{ANSWER_MARKER}{total}"
+
+
+def parse_answer(response: str) -> str | None:
+    """The integer after the final answer marker, or None when it is missing or garbled.
+
+    The marker must end the response (trailing whitespace allowed): text after the answer
+    means the model kept going and the answer is not final.
+
+    >>> parse_answer("3+4=7;#7"), parse_answer("3+4=7;#7;chk7"), parse_answer("3+4=7")
+    ('7', None, None)
+    """
+    match = _ANSWER_RE.search(response)
+    return match.group(1) if match else None
+
+
+@dataclass
+class ArithmeticTask:
+    """Scratchpad addition over difficulty `levels`.
+
+    Args:
+        levels: (operands, digits) per level; training problems draw a level uniformly.
+        max_checks: demonstrations use 0..max_checks optional ``chk`` steps, uniformly.
+        eval_size: held-out problems (split equally across levels).
+        eval_seed: seed of the held-out set; training problems that collide with it are
+            redrawn so the held-out accuracy measures generalisation.
+    """
+
+    levels: tuple[tuple[int, int], ...] = LEVELS
+    max_checks: int = 3
+    eval_size: int = 256
+    eval_seed: int = 1234
+    name: str = "arithmetic"
+
+    def __post_init__(self):
+        self.levels = tuple(tuple(level) for level in self.levels)
+        for i, (operands, digits) in enumerate(self.levels):
+            if operands < 2 or not 1 <= digits <= 4:
+                raise ValueError(
+                    f"levels[{i}]: need at least 2 operands and 1-4 digits, got {(operands, digits)}"
+                )
+        if self.max_checks < 0:
+            raise ValueError(f"max_checks: must be >= 0, got {self.max_checks}")
+        if self.eval_size < len(self.levels):
+            raise ValueError(f"eval_size: must be at least the number of levels ({len(self.levels)})")
+        self._eval = self._make_problems_per_level(self.eval_size, random.Random(self.eval_seed))
+        self._eval_prompts = {p.prompt for p in self._eval}
+
+    # -- problems ---------------------------------------------------------------------
+    def make_problem(self, level: int, rng: random.Random) -> Problem:
+        operands_count, digits = self.levels[level]
+        low = 0 if digits == 1 else 10 ** (digits - 1)
+        operands = [rng.randint(low, 10**digits - 1) for _ in range(operands_count)]
+        prompt = "+".join(map(str, operands)) + "="
+        num_checks = rng.randint(0, self.max_checks)
+        return Problem(
+            prompt=prompt,
+            answer=str(sum(operands)),
+            level=level,
+            demonstration=solve_with_scratchpad(operands, num_checks),
+            meta={"operands": operands},
+        )
+
+    def _make_problems_per_level(self, n: int, rng: random.Random) -> list[Problem]:
+        return [self.make_problem(i % len(self.levels), rng) for i in range(n)]
+
+    def sample_problems(self, n: int, rng: random.Random) -> list[Problem]:
+        problems = []
+        while len(problems) < n:
+            problem = self.make_problem(rng.randrange(len(self.levels)), rng)
+            if problem.prompt not in self._eval_prompts:
+                problems.append(problem)
+        return problems
+
+    def eval_problems(self) -> Sequence[Problem]:
+        return self._eval
+
+    # -- scoring ----------------------------------------------------------------------
+    def score(self, problem: Problem, response: str, has_eos: bool) -> Score:
+        answer = parse_answer(response)
+        return Score(correct=answer is not None and int(answer) == int(problem.answer),
+                     has_answer=answer is not None, has_eos=has_eos)

@@ -1,0 +1,65 @@
+import pytest
+import torch
+
+from ppo.sft import SFTConfig, demonstration_batch, train_sft, warm_start
+from ppo.tasks.base import Problem
+from ppo.tiny_model import TinyModelConfig
+
+SMALL = dict(steps=4, batch_size=8, model=TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64))
+
+
+def test_demonstration_batch_labels_only_the_response(char_tokenizer):
+    problem = Problem(prompt="1+2=", answer="3", demonstration="1+2=3;#3")
+    input_ids, mask, labels = demonstration_batch(char_tokenizer, [problem, Problem("10+20=", "30", demonstration="#30")])
+    # row 0: bos + 4 prompt chars, then 8 response chars + eos
+    assert labels[0].ne(-100).sum().item() == 9
+    assert labels[0, -1].item() == char_tokenizer.eos_token_id
+    response_ids = labels[0][labels[0] != -100][:-1].tolist()
+    assert char_tokenizer.decode(response_ids) == "1+2=3;#3"
+    assert mask.sum(-1).tolist() == [1 + 4 + 9, 1 + 6 + 4]
+
+
+def test_sft_is_deterministic_for_a_seed():
+    model_a, _ = train_sft(SFTConfig(seed=3, **SMALL), progress=False)
+    model_b, _ = train_sft(SFTConfig(seed=3, **SMALL), progress=False)
+    model_c, _ = train_sft(SFTConfig(seed=4, **SMALL), progress=False)
+    state_a, state_b, state_c = model_a.state_dict(), model_b.state_dict(), model_c.state_dict()
+    assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)
+    assert not all(torch.equal(state_a[k], state_c[k]) for k in state_a)
+
+
+def test_sft_lowers_the_loss():
+    from ppo.sft import sft_loss
+    import random
+
+    config = SFTConfig(seed=0, steps=60, batch_size=16, lr=3e-3,
+                       model=TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128))
+    task = config.task()
+    tokenizer_batch = None
+    model, tokenizer = train_sft(config, progress=False)
+    from ppo.tiny_model import build_tiny_model
+
+    torch.manual_seed(0)
+    untrained = build_tiny_model(config.model, tokenizer)
+    tokenizer_batch = demonstration_batch(tokenizer, task.sample_problems(64, random.Random(99)))
+    with torch.no_grad():
+        assert sft_loss(model, *tokenizer_batch) < 0.6 * sft_loss(untrained, *tokenizer_batch)
+
+
+def test_warm_start_caches_by_settings(tmp_path):
+    config = SFTConfig(seed=1, max_new_tokens=8, **SMALL)
+    path = warm_start(config, cache_dir=tmp_path, progress=False)
+    assert (path / "sft_info.json").is_file() and (path / "config.json").is_file()
+    mtime = (path / "sft_info.json").stat().st_mtime_ns
+    assert warm_start(config, cache_dir=tmp_path, progress=False) == path  # cache hit
+    assert (path / "sft_info.json").stat().st_mtime_ns == mtime
+    other = warm_start(SFTConfig(seed=2, max_new_tokens=8, **SMALL), cache_dir=tmp_path, progress=False)
+    assert other != path
+    assert not list(tmp_path.glob("sft/*.tmp*"))  # atomic write left nothing behind
+
+
+def test_sft_config_validation():
+    with pytest.raises(ValueError, match="SFTConfig.steps"):
+        SFTConfig(steps=0)
+    with pytest.raises(ValueError, match="SFTConfig.lr"):
+        SFTConfig(lr=-1.0)

@@ -17,7 +17,14 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .rollout import decode_responses, generate
-from .tasks.base import Problem, Task
+from .tasks.base import Problem, Score, Task
+
+
+def score_batch(task: Task, problems: Sequence[Problem], texts: list[str], has_eos: list[bool]) -> list[Score]:
+    """Score a batch, in one call when the task can (custom reward functions), else one by one."""
+    if hasattr(task, "score_batch"):
+        return task.score_batch(problems, texts, has_eos)
+    return [task.score(problem, text, eos) for problem, text, eos in zip(problems, texts, has_eos)]
 
 
 def _mean(values: list[float]) -> float:
@@ -42,8 +49,9 @@ def score_generations(
         rollout = generate(model, tokenizer, [p.prompt for p in chunk], max_new_tokens,
                            temperature=temperature, greedy=greedy)
         texts = decode_responses(tokenizer, rollout)
-        for problem, text, eos, length in zip(chunk, texts, rollout.has_eos.tolist(), rollout.response_lengths.tolist()):
-            score = task.score(problem, text, eos)
+        eos_flags = rollout.has_eos.tolist()
+        scores = score_batch(task, chunk, texts, eos_flags)
+        for problem, score, eos, length in zip(chunk, scores, eos_flags, rollout.response_lengths.tolist()):
             correct.append(score.correct)
             has_answer.append(score.has_answer)
             has_eos.append(eos)

@@ -72,10 +72,14 @@ def generate(
     max_new_tokens: int,
     temperature: float = 1.0,
     greedy: bool = False,
+    top_k: int = 0,
+    top_p: float = 1.0,
     return_logits: bool = False,
     stop_token_ids: list[int] | None = None,
 ) -> Rollout:
     """Sample one response per prompt (pure sampling at `temperature`, or greedy).
+
+    `top_k=0` and `top_p=1.0` (the defaults) mean no truncation of the distribution.
 
     Uses the global torch RNG: seed it (`torch.manual_seed`) for reproducible rollouts.
     `return_logits` keeps the raw generation logits so old log-probs can be taken from
@@ -86,7 +90,7 @@ def generate(
     query_ids, query_mask = left_pad(encode_prompts(tokenizer, prompts), tokenizer.pad_token_id)
     query_ids, query_mask = query_ids.to(device), query_mask.to(device)
     sampling = dict(do_sample=False) if greedy else dict(
-        do_sample=True, temperature=temperature, top_k=0, top_p=1.0
+        do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p
     )
     was_training = model.training
     model.eval()

@@ -39,10 +39,13 @@ class Score:
     correct: bool
     has_answer: bool  # the answer marker is present and followed by a parseable answer
     has_eos: bool  # the response ended with the end-of-sequence token
+    value: float | None = None  # a real-valued reward (custom reward functions); None: use `correct`
 
     @property
     def reward(self) -> float:
-        """The verifiable reward: 1.0 for a correct final answer, else 0.0."""
+        """The reward: `value` when set, else the verifiable 1.0 / 0.0 for correctness."""
+        if self.value is not None:
+            return self.value
         return 1.0 if self.correct else 0.0
 
     @property

@@ -1,0 +1,1 @@
+"""Named ablations, the sweep runner, reports and benchmarks (``python -m ablations``)."""

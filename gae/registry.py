@@ -1,0 +1,173 @@
+"""A registry of advantage estimators keyed by name: how `advantage_estimator` picks the algorithm.
+
+The training loop calls `estimate_advantages(name, ...)` and never branches on the name
+itself, so PPO and the GRPO family share one loop and differ only in this string (the
+verl `core_algos` pattern). Adding an estimator is one decorated function here or anywhere
+else; the loop does not change.
+
+Implementation details that live here:
+
+- **Outcome advantages broadcast to tokens** (`grpo`, `dr_grpo`, `rloo`, `reinforce`): the
+  sequence score is the sum of the masked per-token rewards, and the single advantage of a
+  response is copied to each of its tokens (DeepSeekMath's outcome supervision), 0 on padding.
+- **Returns without a critic**: the value-free estimators return ``returns = advantages``;
+  nothing regresses on them, but every estimator keeps the same `(advantages, returns)` shape.
+- **Every estimator takes every keyword** (plus ``**kwargs``) and ignores what it does not
+  need, so one call site serves all of them.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .gae import compute_gae
+from .group import group_advantages, rloo_advantages
+
+AdvantageEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageEstimator] = {}
+
+
+def register_advantage_estimator(name: str) -> Callable[[AdvantageEstimator], AdvantageEstimator]:
+    """Decorator adding an estimator to `ADVANTAGE_ESTIMATORS` under `name`.
+
+    The function must accept the keyword arguments of `estimate_advantages` (and
+    ``**kwargs``) and return `(advantages [B, T], returns [B, T])`::
+
+        @register_advantage_estimator("my_estimator")
+        def my_estimator(*, token_rewards, response_mask, **kwargs):
+            ...
+    """
+
+    def decorator(fn: AdvantageEstimator) -> AdvantageEstimator:
+        # Silently replacing an estimator would make two runs with the same config differ.
+        if name in ADVANTAGE_ESTIMATORS:
+            raise ValueError(f"advantage estimator {name!r} is already registered")
+        ADVANTAGE_ESTIMATORS[name] = fn
+        return fn
+
+    return decorator
+
+
+def estimate_advantages(
+    name: str,
+    *,
+    token_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    values: torch.Tensor | None = None,
+    group_size: int = 1,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    grpo_scale: str = "group",
+    grpo_eps: float = 1e-4,
+    reinforce_baseline: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run the advantage estimator registered as `name`.
+
+    Args:
+        name: a key of `ADVANTAGE_ESTIMATORS` (``"gae"``, ``"grpo"``, ``"dr_grpo"``,
+            ``"rloo"``, ``"reinforce"``, or one registered later).
+        token_rewards: `[B, T]` per-token rewards (score at the last token, KL penalty if
+            the KL is in the reward).
+        response_mask: `[B, T]` 1 on real response tokens.
+        values: `[B, T]` critic values; required by ``"gae"`` only.
+        group_size: G samples per prompt, contiguous in the batch (group estimators).
+        gamma, lam: GAE discount and lambda.
+        grpo_scale, grpo_eps: `scale` and `eps` of `gae.group_advantages` for ``"grpo"``.
+        reinforce_baseline: ``"reinforce"`` subtracts the batch mean score when True.
+
+    Returns:
+        `(advantages, returns)`, both `[B, T]`, 0 outside `response_mask`.
+    """
+    if name not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(
+            f"unknown advantage estimator {name!r}; known: {sorted(ADVANTAGE_ESTIMATORS)}"
+        )
+    if token_rewards.shape != response_mask.shape or token_rewards.dim() != 2:
+        raise ValueError(
+            f"token_rewards and response_mask must both be [B, T]; got "
+            f"{tuple(token_rewards.shape)} and {tuple(response_mask.shape)}"
+        )
+    return ADVANTAGE_ESTIMATORS[name](
+        token_rewards=token_rewards,
+        response_mask=response_mask,
+        values=values,
+        group_size=group_size,
+        gamma=gamma,
+        lam=lam,
+        grpo_scale=grpo_scale,
+        grpo_eps=grpo_eps,
+        reinforce_baseline=reinforce_baseline,
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# helpers for the outcome (sequence-level) estimators
+# ---------------------------------------------------------------------------------------
+
+
+def _sequence_scores(token_rewards: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """Sum of the per-token rewards over real response tokens: one score per response."""
+    is_real = response_mask.bool()
+    masked = torch.where(is_real, token_rewards, torch.zeros_like(token_rewards))  # [B, T]
+    return masked.sum(dim=-1)  # [B]
+
+
+def _broadcast_to_tokens(
+    sequence_advantages: torch.Tensor, response_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Copy one advantage per response onto each of its tokens; returns = advantages."""
+    expanded = sequence_advantages[:, None].expand(response_mask.shape)  # [B, T]
+    advantages = torch.where(response_mask.bool(), expanded, torch.zeros_like(expanded))  # [B, T]
+    return advantages, advantages.clone()
+
+
+# ---------------------------------------------------------------------------------------
+# the estimators
+# ---------------------------------------------------------------------------------------
+
+
+@register_advantage_estimator("gae")
+def gae_estimator(*, token_rewards, response_mask, values=None, gamma=1.0, lam=1.0, **kwargs):
+    """PPO with a critic: `gae.compute_gae` over the per-token rewards."""
+    if values is None:
+        raise ValueError("advantage estimator 'gae' needs values from the value model; got values=None")
+    return compute_gae(token_rewards, values, response_mask, gamma, lam)
+
+
+@register_advantage_estimator("grpo")
+def grpo_estimator(
+    *, token_rewards, response_mask, group_size=1, grpo_scale="group", grpo_eps=1e-4, **kwargs
+):
+    """GRPO (DeepSeekMath): group-normalised outcome advantage on every response token."""
+    scores = _sequence_scores(token_rewards, response_mask)  # [B*G]
+    sequence_advantages = group_advantages(scores, group_size, scale=grpo_scale, eps=grpo_eps)  # [B*G]
+    return _broadcast_to_tokens(sequence_advantages, response_mask)
+
+
+@register_advantage_estimator("dr_grpo")
+def dr_grpo_estimator(*, token_rewards, response_mask, group_size=1, grpo_eps=1e-4, **kwargs):
+    """Dr. GRPO: GRPO without the std division, whatever `grpo_scale` says."""
+    scores = _sequence_scores(token_rewards, response_mask)  # [B*G]
+    sequence_advantages = group_advantages(scores, group_size, scale="none", eps=grpo_eps)  # [B*G]
+    return _broadcast_to_tokens(sequence_advantages, response_mask)
+
+
+@register_advantage_estimator("rloo")
+def rloo_estimator(*, token_rewards, response_mask, group_size=1, **kwargs):
+    """RLOO: leave-one-out baseline within each group, on every response token."""
+    scores = _sequence_scores(token_rewards, response_mask)  # [B*G]
+    sequence_advantages = rloo_advantages(scores, group_size)  # [B*G]
+    return _broadcast_to_tokens(sequence_advantages, response_mask)
+
+
+@register_advantage_estimator("reinforce")
+def reinforce_estimator(*, token_rewards, response_mask, reinforce_baseline=False, **kwargs):
+    """Vanilla REINFORCE (Williams 1992): the raw score, optionally minus the batch mean."""
+    scores = _sequence_scores(token_rewards, response_mask)  # [B]
+    if reinforce_baseline:
+        # A constant baseline lowers the gradient's variance without biasing it.
+        scores = scores - scores.mean()
+    return _broadcast_to_tokens(scores, response_mask)

@@ -1,0 +1,361 @@
+"""`PPOConfig`: every implementation detail of the PPO / GRPO loop as one named field.
+
+The config *is* the documentation: each field carries a help string saying what it does,
+why, and where the choice comes from (AlpacaFarm, TRL, "The N+ Implementation Details of
+RLHF with PPO", DeepSeekMath, Dr. GRPO, DAPO, Kimi k1.5, ...). ``ppo-train --help`` prints
+them as a checklist, and two runs are compared by diffing their ``config.yaml``.
+
+Presets (`PRESETS`, `preset`) are plain dictionaries of overrides on top of the defaults,
+so ``python -c "from ppo.config import PRESETS; print(PRESETS['alpacafarm'])"`` shows
+exactly what a preset changes. `TESTBED_SCALE` shrinks batch sizes and step counts for the
+CPU testbed without touching algorithmic settings (see `preset(..., testbed=True)`).
+
+Validation (`PPOConfig.validate`) runs on construction and names the bad field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "abs")
+ADVANTAGE_ESTIMATOR_NAMES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce")
+LOSS_AGG_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+
+
+def _f(default: Any, help: str, **kwargs) -> Any:
+    """A dataclass field with its help string (shown by ``ppo-train --help``)."""
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata={"help": help}, **kwargs)
+    return field(default=default, metadata={"help": help}, **kwargs)
+
+
+@dataclass
+class PPOConfig:
+    """All settings of one RL run. Field help strings give what, why and source."""
+
+    # ------------------------------------------------------------------ run and model
+    model_path: str | None = _f(None, "Policy checkpoint (any local HF causal LM dir). None: the testbed's cached SFT warm start.")
+    task: str = _f("arithmetic", "Task: 'arithmetic' (the testbed), 'gsm8k' (JSONL at task_path), or 'custom' (prompts + reward_fn from Python).")
+    task_path: str | None = _f(None, "Training JSONL for task='gsm8k' (GSM8K layout: question, answer ending '#### <number>').")
+    eval_path: str | None = _f(None, "Held-out JSONL for task='gsm8k' (default: the training file).")
+    output_dir: str = _f("runs/ppo", "Run directory: config.yaml, metrics.jsonl, samples.jsonl, tensorboard events, checkpoints/, summary.json.")
+    seed: int = _f(0, "Seed for prompt sampling, rollouts and initialisation.")
+    total_steps: int = _f(100, "RL iterations (one rollout batch + its updates each).")
+    device: str = _f("auto", "'auto' (accelerate picks), 'cpu' or 'cuda'.")
+    threads: int = _f(2, "torch intra-op threads on CPU (fixed so CPU runs are reproducible).")
+    mixed_precision: str = _f("no", "accelerate mixed precision: 'no', 'fp16', 'bf16'.")
+
+    # ------------------------------------------------------------------ rollout
+    rollout_batch_size: int = _f(64, "Responses sampled per step (prompts x group_size). AlpacaFarm: 512.")
+    group_size: int = _f(1, "Samples per prompt G, contiguous in the batch. PPO: 1; GRPO family: e.g. 8 (DeepSeekMath: 64).")
+    response_length: int = _f(64, "Maximum new tokens per response; a response that hits it without EOS is 'missing EOS'.")
+    temperature: float = _f(1.0, "Sampling temperature. AlpacaFarm 1.0, TRL 0.7.")
+    top_k: int = _f(0, "Top-k truncation of sampling; 0 = off. Pure sampling keeps the rollout distribution equal to the trained one (N+ details).")
+    top_p: float = _f(1.0, "Nucleus truncation; 1.0 = off (pure sampling, as AlpacaFarm and TRL).")
+    scale_logits_by_temperature: bool = _f(True, "Divide logits by `temperature` before taking log-probs, so they are the log-probs of the distribution actually sampled (N+ implementation details; TRL and AlpacaFarm do this). False reproduces the bug of scoring with T=1 logits.")
+    logprobs_from_generation: bool = _f(False, "Take old log-probs from the generation logits instead of a teacher-forced forward pass. Off (recompute) in AlpacaFarm and TRL; saves a forward pass but generation kernels can differ numerically.")
+
+    # ------------------------------------------------------------------ rewards
+    missing_eos: str = _f("none", "Responses without EOS: 'none' (keep score), 'penalty' (subtract missing_eos_penalty; TRL's missing_eos_penalty), 'replace' (score := missing_eos_value; N+ details, OpenAI lm-human-preferences).")
+    missing_eos_penalty: float = _f(1.0, "Amount subtracted from the score when missing_eos='penalty'.")
+    missing_eos_value: float = _f(-1.0, "Score assigned when missing_eos='replace'.")
+    reward_clip: float | None = _f(None, "Clamp sequence scores to [-reward_clip, reward_clip]; None = off (AlpacaFarm and TRL: off).")
+    whiten_rewards: bool = _f(False, "Whiten per-token rewards (shift_mean=False: scale only, mean kept) before GAE. AlpacaFarm: on; TRL: off.")
+    whiten_rewards_over_padding: bool = _f(False, "Compute reward-whitening statistics over the whole [B, T] tensor, padding zeros included, as AlpacaFarm does; False = masked statistics.")
+    length_reward_coef: float = _f(0.0, "Weight of Kimi k1.5's in-group length reward added to the score (needs group_size >= 2); 0 = off.")
+
+    # ------------------------------------------------------------------ KL to the reference
+    kl_coef: float = _f(0.05, "KL coefficient beta. AlpacaFarm 0.0067 (fixed), TRL 0.05, DeepSeekMath GRPO 0.04. 0 skips the reference model entirely.")
+    kl_estimator: str = _f("k1", "Per-token KL estimator: k1 = logp - ref (AlpacaFarm, TRL), k2 = 0.5 (logp - ref)^2, k3 = exp(ref - logp) - (ref - logp) - 1 (GRPO), abs.")
+    kl_clip_at_zero: bool = _f(False, "Clamp the per-token KL estimate at 0 (AlpacaFarm _shape_reward). Biased, but AlpacaFarm's runs blow up without it.")
+    kl_placement: str = _f("reward", "'reward': -beta*KL added to per-token rewards (PPO, InstructGPT). 'loss': beta*KL added to the policy loss (GRPO).")
+    adaptive_kl: bool = _f(False, "Adaptive KL controller (Ziegler et al. 2019): beta moves toward kl_target over kl_horizon samples. AlpacaFarm and TRL: fixed.")
+    kl_target: float = _f(6.0, "Target sequence KL of the adaptive controller (Ziegler et al.: 6.0).")
+    kl_horizon: int = _f(10000, "Horizon (in samples) of the adaptive controller (Ziegler et al.: 10000).")
+
+    # ------------------------------------------------------------------ advantages
+    advantage_estimator: str = _f("gae", "'gae' (PPO with a value model), 'grpo', 'dr_grpo', 'rloo', 'reinforce' (no value model).")
+    gamma: float = _f(1.0, "Discount. AlpacaFarm and TRL: 1.0.")
+    lam: float = _f(0.95, "GAE lambda. AlpacaFarm 1.0 (gamma=lambda=1: a bandit, advantage = return - value), TRL 0.95.")
+    whiten_advantages: bool = _f(True, "Whiten advantages (masked, mean shifted to 0). AlpacaFarm and TRL: on. GRPO family: off.")
+    whiten_advantages_per_minibatch: bool = _f(False, "Whiten advantages per minibatch (OpenAI baselines/cleanrl) instead of once over the rollout batch (AlpacaFarm, TRL).")
+    grpo_scale: str = _f("group", "Group-advantage scale: 'group' (divide by group std, DeepSeekMath), 'batch' (batch std), 'none' (Dr. GRPO).")
+    grpo_eps: float = _f(1e-4, "Epsilon added to the std in group-advantage scaling (nano-aha-moment: 1e-4); a group of equal scores gets advantage 0.")
+    reinforce_baseline: bool = _f(False, "For advantage_estimator='reinforce': subtract the batch-mean score.")
+
+    # ------------------------------------------------------------------ the update
+    ppo_epochs: int = _f(4, "Passes over each rollout batch. AlpacaFarm 2, TRL 4, GRPO (fully online) 1.")
+    num_minibatches: int = _f(1, "Shuffled minibatches per epoch (one optimizer step each). AlpacaFarm: 512/256 = 2; TRL: 1.")
+    gradient_accumulation_steps: int = _f(1, "Micro-batches per minibatch (gradient accumulation); changes memory, not the math.")
+    cliprange: float = _f(0.2, "PPO ratio clip epsilon (low side, and high side unless cliprange_high). AlpacaFarm and TRL: 0.2.")
+    cliprange_high: float | None = _f(None, "Separate upper clip epsilon (DAPO's clip-higher, e.g. 0.28); None = symmetric.")
+    dual_clip: float | None = _f(None, "Dual-clip constant c > 1 bounding the loss of negative-advantage tokens (Ye et al. 2020); None = off.")
+    cliprange_value: float | None = _f(0.2, "Value clipping around the old values; None = off. AlpacaFarm and TRL: 0.2.")
+    vf_coef: float = _f(0.1, "Weight of the value loss. AlpacaFarm and TRL: 0.1.")
+    entropy_coef: float = _f(0.0, "Entropy bonus weight. AlpacaFarm and TRL: 0.")
+    loss_agg: str = _f("token_mean", "Loss aggregation: 'token_mean' (PPO), 'seq_mean_token_mean' (GRPO's per-sequence length normalisation), 'seq_mean_token_sum_norm' (Dr. GRPO).")
+    target_kl: float | None = _f(None, "Stop the remaining epochs of a step once the approx KL to the rollout policy exceeds this; None = off (cleanrl's target_kl).")
+    mask_truncated_responses: bool = _f(False, "Drop responses that hit response_length without EOS from the loss (DAPO's overlong filtering).")
+
+    # ------------------------------------------------------------------ optimisation
+    lr: float = _f(1e-5, "Policy learning rate. AlpacaFarm 1e-5, TRL 3e-6.")
+    value_lr: float | None = _f(None, "Value-model learning rate; None = lr.")
+    separate_value_optimizer: bool = _f(True, "Give the value model its own AdamW (and value_lr). False = one optimizer over policy and value parameters, as AlpacaFarm and TRL.")
+    adam_eps: float = _f(1e-5, "AdamW epsilon. AlpacaFarm 1e-5 (N+ details); torch default 1e-8.")
+    weight_decay: float = _f(0.0, "AdamW weight decay.")
+    warmup_steps: int = _f(0, "Linear learning-rate warmup (optimizer steps). AlpacaFarm: 5.")
+    lr_schedule: str = _f("linear", "'linear' decay to 0 after warmup (AlpacaFarm, TRL) or 'constant'.")
+    max_grad_norm: float | None = _f(1.0, "Gradient-norm clipping; None = off. AlpacaFarm 1.0.")
+    disable_dropout: bool = _f(True, "Turn off dropout in policy, reference and value model so log-probs are deterministic (N+ details; AlpacaFarm, TRL).")
+
+    # ------------------------------------------------------------------ value model
+    value_init: str = _f("policy", "Critic initialisation: 'reward_model' (reward model backbone, zeroed head: AlpacaFarm, OpenAI), 'policy' (SFT policy backbone, zeroed head), 'random'.")
+    reward_model_path: str | None = _f(None, "Scalar-head reward model directory (used as the reward when set, and by value_init='reward_model').")
+
+    # ------------------------------------------------------------------ logging and checkpoints
+    eval_every: int = _f(10, "Held-out evaluation every N steps (and at the start and end); 0 = only start and end.")
+    eval_size: int | None = _f(None, "Held-out problems to evaluate (first N); None = all.")
+    log_samples: int = _f(4, "Decoded rollouts written to samples.jsonl per step.")
+    save_every: int = _f(50, "Checkpoint every N steps (and at the end); 0 = only at the end.")
+    keep_checkpoints: int = _f(2, "Most recent checkpoints kept on disk.")
+    progress: bool = _f(True, "Show a progress bar.")
+
+    def __post_init__(self):
+        self.validate()
+
+    # -- validation ----------------------------------------------------------------------
+    def validate(self) -> None:
+        """Raise ValueError naming the field for any inconsistent setting."""
+
+        def bad(name: str, message: str):
+            raise ValueError(f"PPOConfig.{name}: {message} (got {getattr(self, name)!r})")
+
+        def choice(name: str, options):
+            if getattr(self, name) not in options:
+                bad(name, f"must be one of {list(options)}")
+
+        for name in ("total_steps", "rollout_batch_size", "group_size", "response_length", "ppo_epochs",
+                     "num_minibatches", "gradient_accumulation_steps", "threads", "kl_horizon"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                bad(name, "must be a positive integer")
+        for name in ("gamma", "lam"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                bad(name, "must be in [0, 1]")
+        for name in ("temperature", "lr", "adam_eps", "cliprange", "kl_target"):
+            if not getattr(self, name) > 0:
+                bad(name, "must be > 0")
+        for name in ("kl_coef", "vf_coef", "entropy_coef", "weight_decay", "length_reward_coef", "grpo_eps",
+                     "missing_eos_penalty"):
+            if getattr(self, name) < 0:
+                bad(name, "must be >= 0")
+        for name in ("cliprange_high", "cliprange_value", "reward_clip", "max_grad_norm", "target_kl", "value_lr"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                bad(name, "must be > 0 or None")
+        if self.dual_clip is not None and not self.dual_clip > 1.0:
+            bad("dual_clip", "must be > 1 or None")
+        if not 0.0 < self.top_p <= 1.0:
+            bad("top_p", "must be in (0, 1]")
+        if self.top_k < 0:
+            bad("top_k", "must be >= 0 (0 = off)")
+        for name in ("warmup_steps", "eval_every", "save_every", "log_samples", "keep_checkpoints"):
+            if getattr(self, name) < 0:
+                bad(name, "must be >= 0")
+        if self.eval_size is not None and self.eval_size < 1:
+            bad("eval_size", "must be a positive integer or None")
+        choice("task", ("arithmetic", "gsm8k", "custom"))
+        choice("kl_estimator", KL_ESTIMATOR_NAMES)
+        choice("kl_placement", ("reward", "loss"))
+        choice("advantage_estimator", ADVANTAGE_ESTIMATOR_NAMES)
+        choice("grpo_scale", ("group", "batch", "none"))
+        choice("loss_agg", LOSS_AGG_NAMES)
+        choice("missing_eos", ("none", "penalty", "replace"))
+        choice("value_init", ("reward_model", "policy", "random"))
+        choice("lr_schedule", ("linear", "constant"))
+        choice("device", ("auto", "cpu", "cuda"))
+        choice("mixed_precision", ("no", "fp16", "bf16"))
+        if self.rollout_batch_size % self.group_size:
+            bad("rollout_batch_size", f"must be divisible by group_size ({self.group_size})")
+        if self.rollout_batch_size % self.num_minibatches:
+            bad("rollout_batch_size", f"must be divisible by num_minibatches ({self.num_minibatches})")
+        if self.minibatch_size % self.gradient_accumulation_steps:
+            bad("gradient_accumulation_steps",
+                f"must divide the minibatch size ({self.minibatch_size} = rollout_batch_size / num_minibatches)")
+        if self.advantage_estimator in ("grpo", "dr_grpo", "rloo") and self.group_size < 2:
+            bad("group_size", f"must be >= 2 for advantage_estimator={self.advantage_estimator!r}")
+        if self.length_reward_coef > 0 and self.group_size < 2:
+            bad("length_reward_coef", "needs group_size >= 2 (the length reward compares a group's responses)")
+        if self.task == "gsm8k" and not self.task_path:
+            bad("task_path", "is required for task='gsm8k'")
+        if self.value_init == "reward_model" and self.uses_value_model and not self.reward_model_path:
+            bad("value_init", "'reward_model' needs reward_model_path (the verifiable testbed has no reward model; "
+                "use 'policy')")
+
+    # -- derived quantities ----------------------------------------------------------------
+    @property
+    def minibatch_size(self) -> int:
+        return self.rollout_batch_size // self.num_minibatches
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.minibatch_size // self.gradient_accumulation_steps
+
+    @property
+    def prompts_per_step(self) -> int:
+        return self.rollout_batch_size // self.group_size
+
+    @property
+    def uses_value_model(self) -> bool:
+        """Only GAE needs a critic; the GRPO family deletes it."""
+        return self.advantage_estimator == "gae"
+
+    @property
+    def uses_reference_model(self) -> bool:
+        """beta = 0 means no KL anywhere: skip the reference forward pass and its memory."""
+        return self.kl_coef > 0 or self.adaptive_kl
+
+    # -- (de)serialisation -----------------------------------------------------------------
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self, path: str | Path) -> None:
+        Path(path).write_text(yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    @classmethod
+    def from_dict(cls, values: dict) -> "PPOConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"PPOConfig: unknown field(s) {unknown}")
+        return cls(**values)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> "PPOConfig":
+        data = yaml.safe_load(Path(path).read_text()) or {}
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: a config file must hold a mapping of field: value")
+        return cls.from_dict(data)
+
+    def replace(self, **overrides) -> "PPOConfig":
+        return PPOConfig.from_dict({**self.to_dict(), **overrides})
+
+
+def field_help() -> dict[str, str]:
+    """Field name -> help string, in declaration order."""
+    return {f.name: f.metadata.get("help", "") for f in fields(PPOConfig)}
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """``"kl_coef=0.1"`` -> ``("kl_coef", 0.1)``; values are parsed as YAML scalars."""
+    if "=" not in text:
+        raise ValueError(f"override {text!r}: expected FIELD=VALUE")
+    name, raw = text.split("=", 1)
+    name = name.strip().replace("-", "_")
+    if name not in field_help():
+        raise ValueError(f"override {text!r}: unknown field {name!r}")
+    return name, yaml.safe_load(raw) if raw.strip() else None
+
+
+# ---------------------------------------------------------------------- presets
+# Plain data: each preset lists only the fields it changes from the defaults above.
+PRESETS: dict[str, dict[str, Any]] = {
+    # AlpacaFarm's PPO (examples/scripts/rlhf_ppo.sh, src/alpaca_farm/rl/ppo_trainer.py,
+    # ppo_utils.py, rl_trainer.py). See docs/alpacafarm.md for each value's source.
+    "alpacafarm": dict(
+        kl_coef=0.0067,  # rlhf_ppo.sh --kl_coef 0.0067, fixed controller
+        adaptive_kl=False,
+        kl_estimator="k1",  # logprobs - ref_logprobs
+        kl_clip_at_zero=True,  # _shape_reward: torch.clamp(kl, min=0.0)
+        kl_placement="reward",
+        whiten_rewards=True,  # whiten_rewards=True, shift_mean=False
+        whiten_rewards_over_padding=True,  # whitens the [B, T] tensor, padding included
+        whiten_advantages=True,
+        gamma=1.0,
+        lam=1.0,
+        cliprange=0.2,
+        cliprange_value=0.2,
+        vf_coef=0.1,
+        entropy_coef=0.0,
+        ppo_epochs=2,  # noptepochs 2
+        rollout_batch_size=512,  # rollout_batch_size 512
+        num_minibatches=2,  # step_batch_size 256
+        lr=1e-5,  # shared by policy and value
+        separate_value_optimizer=False,
+        adam_eps=1e-5,
+        warmup_steps=5,
+        lr_schedule="linear",
+        max_grad_norm=1.0,
+        temperature=1.0,
+        missing_eos="none",
+        disable_dropout=True,
+        value_init="reward_model",  # value model = reward model with a zeroed head
+        logprobs_from_generation=False,  # old log-probs recomputed by a forward pass
+        total_steps=250,
+    ),
+    # TRL's last PPOConfig (trl/trainer/ppo_config.py before PPOTrainer was removed).
+    "trl_ppo": dict(
+        kl_coef=0.05,
+        kl_estimator="k1",
+        kl_clip_at_zero=False,
+        kl_placement="reward",
+        gamma=1.0,
+        lam=0.95,
+        whiten_rewards=False,
+        whiten_advantages=True,
+        cliprange=0.2,
+        cliprange_value=0.2,
+        vf_coef=0.1,
+        ppo_epochs=4,
+        num_minibatches=1,
+        temperature=0.7,
+        lr=3e-6,
+        separate_value_optimizer=False,
+        adam_eps=1e-8,  # TRL used the torch default
+        missing_eos="none",  # TRL's missing_eos_penalty defaults to None
+        value_init="reward_model",
+    ),
+}
+
+# Shrinks batch sizes and step counts (and only those, plus settings a 0.9M-parameter
+# model needs, listed below) so a preset runs in minutes on the CPU testbed.
+TESTBED_SCALE: dict[str, Any] = dict(
+    rollout_batch_size=64,  # keeps each preset's rollout/minibatch ratio (num_minibatches unchanged)
+    total_steps=120,
+    response_length=64,
+    eval_every=20,
+    eval_size=256,
+    save_every=0,
+)
+
+# Per-preset testbed adjustments that are not pure scaling, each with its reason.
+TESTBED_ADJUSTMENTS: dict[str, dict[str, Any]] = {
+    # The verifiable testbed has no reward model to initialise the critic from; the
+    # nearest equivalent is the SFT backbone with a zeroed head.
+    "alpacafarm": dict(value_init="policy"),
+    "trl_ppo": dict(value_init="policy"),
+}
+
+
+def preset(name: str, testbed: bool = False, **overrides) -> PPOConfig:
+    """The named preset as a `PPOConfig`, optionally scaled for the CPU testbed."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
+    values = dict(PRESETS[name])
+    if testbed:
+        values.update(TESTBED_SCALE)
+        values.update(TESTBED_ADJUSTMENTS.get(name, {}))
+    values.update(overrides)
+    return PPOConfig.from_dict(values)
+
+
+def describe(config: PPOConfig) -> str:
+    """The config as a markdown table (logged to tensorboard at the start of a run)."""
+    rows = ["| field | value |", "|---|---|"]
+    rows += [f"| {key} | {json.dumps(value)} |" for key, value in config.to_dict().items()]
+    return "\n".join(rows)

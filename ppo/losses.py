@@ -1,0 +1,281 @@
+"""The losses of one PPO / GRPO update step, in verl's shape: every loss returns `(loss, metrics)`.
+
+Implementation details that live here:
+
+- **Loss aggregation** (`aggregate`, `LOSS_AGG_MODES`): how per-token losses become one
+  number. `token_mean` (PPO; Dr. GRPO's recommendation), `seq_mean_token_mean` (GRPO's
+  per-sequence length normalisation, which biases wrong answers toward being long), and
+  `seq_mean_token_sum_norm` (Dr. GRPO's constant normaliser).
+- **Clipped surrogate** (`policy_loss`): PPO's pessimistic min of the unclipped and
+  clipped objectives; a separate `clip_high` gives DAPO's clip-higher; `dual_clip` bounds
+  the loss of negative-advantage tokens whose ratio has exploded (Ye et al. 2020).
+- **Value clipping** (`value_loss`): the critic's regression loss, optionally clipped
+  around the old values (AlpacaFarm, TRL; "The N+ Implementation Details of RLHF with PPO").
+- **Entropy bonus** (`entropy_loss`) and **KL in the loss** (`kl_loss`, GRPO's k3 estimator
+  to the reference policy, DeepSeekMath).
+- **Diagnostics**: clip fractions, approximate KL to the old policy, ratio statistics and
+  the critic's `explained_variance`.
+
+All tensors are `[B, T]` over response positions with a `response_mask`; padding positions
+never enter a loss or a metric. Metrics are plain Python floats.
+"""
+
+from __future__ import annotations
+
+import torch
+
+LOSS_AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean over masked positions; 0 for an empty mask rather than nan."""
+    mask = mask.bool()
+    total = torch.where(mask, values, torch.zeros_like(values)).sum()
+    return total / mask.sum().clamp(min=1)
+
+
+def aggregate(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str = "token_mean",
+    max_len: int | None = None,
+) -> torch.Tensor:
+    """Reduce a `[B, T]` per-token loss to a scalar over the masked tokens.
+
+    - `"token_mean"`: sum over all masked tokens / number of masked tokens. Every token in
+      the batch weighs the same (PPO as in TRL/AlpacaFarm; Dr. GRPO's recommendation).
+    - `"seq_mean_token_mean"`: mean over sequences of each sequence's masked mean. Each
+      *sequence* weighs the same, whatever its length (GRPO as written in DeepSeekMath).
+    - `"seq_mean_token_sum_norm"`: sum over all masked tokens / (B * max_len), `max_len`
+      defaulting to T. A constant normaliser, independent of the lengths in the batch
+      (Dr. GRPO).
+
+    Why per-sequence normalisation lets long wrong answers escape their penalty. Take two
+    wrong answers with advantage A = -1, one 10 tokens long and one 100 tokens long. Under
+    `seq_mean_token_mean` the 10-token answer's tokens each get a push of 1/10 = 0.1 away
+    from being sampled again, the 100-token answer's tokens only 1/100 = 0.01. In terms of
+    the whole sequence's log-probability, the gradient is (A / length) * grad log p(y): the
+    penalty a wrong answer receives shrinks as 1/length, so among wrong answers the longer
+    one is punished ten times less and the policy is nudged to ramble when it is wrong
+    (and, for right answers, to be short). Under `token_mean` or the constant normaliser
+    every token gets the same push, so a wrong answer's total penalty grows with its
+    length as in the unnormalised policy gradient, and the bias disappears.
+
+    Worked example, values `[[1, 2, 3], [4, 5, 6]]`, mask `[[1, 1, 1], [1, 0, 0]]`:
+    token_mean = (1+2+3+4)/4 = 2.5; seq_mean_token_mean = (2 + 4)/2 = 3.0;
+    seq_mean_token_sum_norm = 10/(2*3) = 1.667.
+    """
+    is_real = mask.bool()
+    # torch.where, not values * mask: padding may hold inf/nan and inf * 0 = nan.
+    masked = torch.where(is_real, values, torch.zeros_like(values))  # [B, T]
+    if mode == "token_mean":
+        return masked.sum() / is_real.sum().clamp(min=1)
+    if mode == "seq_mean_token_mean":
+        seq_means = masked.sum(-1) / is_real.sum(-1).clamp(min=1)  # [B]
+        return seq_means.mean()
+    if mode == "seq_mean_token_sum_norm":
+        horizon = values.shape[-1] if max_len is None else max_len
+        return masked.sum() / (values.shape[0] * horizon)
+    raise ValueError(f"loss_agg must be one of {LOSS_AGG_MODES}, got loss_agg={mode!r}")
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    dual_clip: float | None = None,
+    loss_agg: str = "token_mean",
+    max_len: int | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """PPO's clipped surrogate loss (Schulman et al. 2017), per token, then aggregated.
+
+    With `ratio = exp(logprobs - old_logprobs)`::
+
+        loss_t = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)
+
+    The min is pessimistic: once a token's probability has moved far enough in the
+    direction its advantage asks for (ratio > 1 + clip_high for A > 0, ratio < 1 - clip_low
+    for A < 0), the clipped branch is constant and its gradient is zero, so one rollout
+    batch cannot drag the policy far away. Moves in the wrong direction are never clipped.
+
+    - `clip_high=None` means symmetric clipping (`clip_high = clip_low`). A larger
+      `clip_high` is DAPO's clip-higher: rare tokens with positive advantage can grow their
+      probability further before being clipped, which keeps entropy from collapsing.
+    - `dual_clip=c` (c > 1; Ye et al. 2020, "Mastering Complex Control in MOBA Games with
+      Deep RL"): for A < 0 the loss `-ratio * A = ratio * |A|` grows without bound as the
+      ratio explodes (a token the old policy found unlikely). Dual-clip caps it at
+      `c * |A|` so such tokens stop contributing gradient.
+
+    With one gradient update per rollout batch, logprobs equal old_logprobs, the ratio is
+    exactly 1 and clipping never fires: fully online GRPO is plain policy gradient with
+    group-normalised advantages.
+
+    Args:
+        logprobs: `[B, T]` log-probs of the sampled tokens under the current policy (with grad).
+        old_logprobs: `[B, T]` log-probs under the policy that sampled them (no grad).
+        advantages: `[B, T]`.
+        response_mask: `[B, T]`, 1 on real response tokens.
+
+    Returns:
+        `(loss, metrics)`; metrics are masked means over real tokens: `pg_loss`,
+        `clipfrac` (clipped branch chosen), `clipfrac_low` (ratio < 1 - clip_low, A < 0),
+        `clipfrac_high` (ratio > 1 + clip_high, A > 0), `dualclip_frac`, `approx_kl`
+        (mean of 0.5 * (logprobs - old_logprobs)^2, as TRL and AlpacaFarm log it),
+        `ratio_mean`, `ratio_max`.
+
+    Worked example (clip 0.2, token_mean): ratios [1.1, 1.5, 0.5] with A = +1 give losses
+    [-1.1, -1.2 (clipped), -0.5]; with A = -1 they give [1.1, 1.5, 0.8 (clipped)].
+    """
+    if clip_high is None:
+        clip_high = clip_low
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip ranges must be >= 0, got clip_low={clip_low}, clip_high={clip_high}")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (a cap of c*|A| above the clipped loss), got dual_clip={dual_clip}")
+
+    log_ratio = logprobs - old_logprobs  # [B, T]
+    ratio = torch.exp(log_ratio)  # [B, T]
+    unclipped = -advantages * ratio  # [B, T]
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)  # [B, T]
+    per_token = torch.maximum(unclipped, clipped)  # [B, T]  (= -min of the objectives)
+
+    is_dual_clipped = torch.zeros_like(per_token, dtype=torch.bool)  # [B, T]
+    if dual_clip is not None:
+        cap = -dual_clip * advantages  # [B, T]  c*|A| where A < 0
+        is_dual_clipped = (advantages < 0) & (per_token > cap)
+        per_token = torch.where(is_dual_clipped, cap, per_token)
+
+    loss = aggregate(per_token, response_mask, loss_agg, max_len)
+
+    with torch.no_grad():
+        mask = response_mask.bool()
+        is_clipped = clipped > unclipped  # [B, T] the flat (zero-gradient) branch won
+        metrics = {
+            "pg_loss": loss.item(),
+            "clipfrac": _masked_mean(is_clipped.float(), mask).item(),
+            "clipfrac_low": _masked_mean(((ratio < 1.0 - clip_low) & (advantages < 0)).float(), mask).item(),
+            "clipfrac_high": _masked_mean(((ratio > 1.0 + clip_high) & (advantages > 0)).float(), mask).item(),
+            "dualclip_frac": _masked_mean(is_dual_clipped.float(), mask).item(),
+            "approx_kl": _masked_mean(0.5 * log_ratio.pow(2), mask).item(),
+            "ratio_mean": _masked_mean(ratio, mask).item(),
+            "ratio_max": torch.where(mask, ratio, torch.full_like(ratio, float("-inf"))).max().item(),
+        }
+    return loss, metrics
+
+
+def value_loss(
+    values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_range_value: float | None = None,
+    loss_agg: str = "token_mean",
+    max_len: int | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The critic's regression loss `0.5 * (V - R)^2`, optionally with value clipping.
+
+    Value clipping (AlpacaFarm, TRL; "The N+ Implementation Details of RLHF with PPO")
+    mirrors the policy's ratio clipping: the new value may move at most
+    `clip_range_value` from the value recorded at rollout time, and the loss takes the
+    pessimistic max::
+
+        V_clipped = old_V + clamp(V - old_V, -eps, eps)
+        loss_t    = 0.5 * max((V - R)^2, (V_clipped - R)^2)
+
+    Where the clipped term wins its gradient is zero, so a value that has already moved
+    `eps` toward its target stops moving for the rest of this rollout batch.
+
+    Metrics: `vf_loss`, `vf_clipfrac` (clipped term chosen), `value_mean`, `value_error`
+    (masked mean of the unclipped (V - R)^2).
+
+    Worked example (eps 0.2): V = 1, old_V = 0, R = 2 gives unclipped 0.5 * 1 = 0.5 but
+    V_clipped = 0.2 and 0.5 * 1.8^2 = 1.62, so the loss is 1.62 (clipped, no gradient).
+    """
+    unclipped_sq = (values - returns).pow(2)  # [B, T]
+    if clip_range_value is None:
+        per_token = 0.5 * unclipped_sq  # [B, T]
+        is_clipped = torch.zeros_like(per_token, dtype=torch.bool)  # [B, T]
+    else:
+        values_clipped = old_values + torch.clamp(values - old_values, -clip_range_value, clip_range_value)  # [B, T]
+        clipped_sq = (values_clipped - returns).pow(2)  # [B, T]
+        per_token = 0.5 * torch.maximum(unclipped_sq, clipped_sq)  # [B, T]
+        is_clipped = clipped_sq > unclipped_sq  # [B, T]
+
+    loss = aggregate(per_token, response_mask, loss_agg, max_len)
+    with torch.no_grad():
+        mask = response_mask.bool()
+        metrics = {
+            "vf_loss": loss.item(),
+            "vf_clipfrac": _masked_mean(is_clipped.float(), mask).item(),
+            "value_mean": _masked_mean(values, mask).item(),
+            "value_error": _masked_mean(unclipped_sq, mask).item(),
+        }
+    return loss, metrics
+
+
+def entropy_loss(
+    entropy: torch.Tensor,
+    mask: torch.Tensor,
+    loss_agg: str = "token_mean",
+    max_len: int | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Aggregated per-token policy entropy; the trainer subtracts `entropy_coef * entropy`.
+
+    An entropy bonus keeps the policy from collapsing onto one answer too early (standard
+    PPO; most RLHF recipes set its coefficient to 0 and only log it). Aggregated with the
+    same `loss_agg` as the policy loss so the two terms weigh tokens alike.
+
+    Returns `(entropy_value, {"entropy": ...})`.
+    """
+    value = aggregate(entropy, mask, loss_agg, max_len)
+    return value, {"entropy": value.item()}
+
+
+def kl_loss(
+    logprobs: torch.Tensor,
+    ref_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    estimator: str = "k3",
+    loss_agg: str = "token_mean",
+    max_len: int | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """KL to the reference policy as a loss term (GRPO, DeepSeekMath), not a reward.
+
+    GRPO has no value model to carry a per-token KL reward through GAE, so it adds
+    `kl_coef * KL` to the loss directly. It uses the k3 estimator
+    `exp(ref - logp) - (ref - logp) - 1`, which is non-negative and unbiased for
+    KL(policy || reference) when tokens are sampled from the policy. Estimators come from
+    `ppo.kl.kl_penalty`.
+
+    Returns `(loss, {"kl_loss": ...})`; the trainer multiplies by the coefficient.
+    """
+    from ppo.kl import kl_penalty
+
+    per_token = kl_penalty(logprobs, ref_logprobs, estimator=estimator)  # [B, T]
+    loss = aggregate(per_token, mask, loss_agg, max_len)
+    return loss, {"kl_loss": loss.item()}
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """How much of the returns' variance the critic explains: `1 - Var[R - V] / Var[R]`.
+
+    1 is a perfect critic, 0 is no better than predicting the mean return, negative is
+    worse than that. Masked; `nan` when the returns have no variance (nothing to explain).
+
+    >>> r = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
+    >>> explained_variance(r, r, torch.ones(1, 4))
+    1.0
+    """
+    with torch.no_grad():
+        is_real = mask.bool()
+        real_returns = returns[is_real].double()
+        if real_returns.numel() == 0:
+            return float("nan")
+        residual = real_returns - values[is_real].double()
+        var_returns = real_returns.var(unbiased=False)
+        if var_returns == 0:
+            return float("nan")
+        return (1.0 - residual.var(unbiased=False) / var_returns).item()

@@ -1,0 +1,54 @@
+"""A task made of a user's prompts and reward function, TRL-style.
+
+``reward_fn(prompts, responses) -> list[float]`` scores a batch of decoded responses. In
+evaluation, "accuracy" is the share of responses with a reward above `success_threshold`
+(0 by default), since a free-form reward has no notion of a correct answer.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from .base import Problem, Score
+
+RewardFunction = Callable[[list[str], list[str]], list[float]]
+
+
+@dataclass
+class CustomTask:
+    prompts: list[str]
+    reward_fn: RewardFunction
+    eval_prompts: list[str] | None = None
+    success_threshold: float = 0.0
+    name: str = "custom"
+    _train: list[Problem] = field(init=False, repr=False)
+    _eval: list[Problem] = field(init=False, repr=False)
+
+    def __post_init__(self):
+        if not self.prompts:
+            raise ValueError("CustomTask.prompts: need at least one prompt")
+        for index, prompt in enumerate(list(self.prompts) + list(self.eval_prompts or [])):
+            if not isinstance(prompt, str) or not prompt:
+                raise ValueError(f"CustomTask: prompt {index} is empty or not a string")
+        if not callable(self.reward_fn):
+            raise ValueError("CustomTask.reward_fn: must be callable(prompts, responses) -> list[float]")
+        self._train = [Problem(prompt=p, answer="") for p in self.prompts]
+        self._eval = [Problem(prompt=p, answer="") for p in (self.eval_prompts or self.prompts)]
+
+    def sample_problems(self, n: int, rng: random.Random) -> list[Problem]:
+        return [rng.choice(self._train) for _ in range(n)]
+
+    def eval_problems(self) -> Sequence[Problem]:
+        return self._eval
+
+    def score_batch(self, problems: Sequence[Problem], responses: list[str], has_eos: list[bool]) -> list[Score]:
+        rewards = self.reward_fn([p.prompt for p in problems], list(responses))
+        if len(rewards) != len(responses):
+            raise ValueError(f"reward_fn returned {len(rewards)} rewards for {len(responses)} responses")
+        return [Score(correct=float(r) > self.success_threshold, has_answer=True, has_eos=bool(e), value=float(r))
+                for r, e in zip(rewards, has_eos)]
+
+    def score(self, problem: Problem, response: str, has_eos: bool) -> Score:
+        return self.score_batch([problem], [response], [has_eos])[0]

@@ -1,0 +1,572 @@
+"""The RL training loop: PPO, and the GRPO family as the same loop with other toggles.
+
+One iteration (`RLTrainer.train_step`) reads top to bottom in the order the algorithm runs:
+
+    1. rollout      sample a group of responses per prompt from the policy
+    2. score        task reward (verifiable) or reward function per response
+    3. forward      old log-probs (policy), reference log-probs, values (critic); no autograd
+    4. KL           per-token KL estimate to the reference (ppo/kl.py)
+    5. rewards      per-token rewards: score at the last token, -beta*KL (ppo/rewards.py)
+    6. advantages   GAE with the critic, or group-relative (gae/)
+    7. update       epochs x minibatches x micro-batches of clipped-surrogate + value loss
+    8. KL control   adapt beta (adaptive controller only)
+
+GRPO is not a second trainer: it is this loop with ``advantage_estimator="grpo"`` (no critic
+is built), ``kl_placement="loss"`` and ``group_size > 1``. Everything that is not the
+algorithm (devices, checkpoints, logging) lives in the helper methods below `train_step`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import math
+import os
+import random
+import shutil
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from gae import estimate_advantages, whiten
+from value_model import ScalarHeadModel
+
+from .buffer import ExperienceBuffer
+from .config import PPOConfig, describe
+from .evaluation import evaluate, score_batch
+from .kl import kl_penalty, make_kl_controller
+from .logprobs import concat_query_response, logprobs_from_logits, response_logprobs, response_values
+from .losses import entropy_loss, explained_variance, kl_loss, policy_loss, value_loss
+from .policy import disable_dropout, load_policy
+from .rewards import apply_missing_eos, clip_scores, group_kimi_length_reward, shape_rewards, whiten_rewards
+from .rollout import Rollout, decode_responses, generate
+from .tasks import ArithmeticTask, CustomTask, GSM8KTask
+
+
+class PhaseTimer:
+    """Wall time per phase of a step (generate, score, forward passes, update, ...)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, phase: str):
+        start = time.perf_counter()
+        yield
+        self.seconds[phase] += time.perf_counter() - start
+
+
+def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
+    return float((x * mask).sum() / mask.sum().clamp(min=1))
+
+
+def build_task(config: PPOConfig, prompts: list[str] | None = None, reward_fn: Callable | None = None):
+    """The task named by `config.task` (a custom task needs `prompts` and `reward_fn`)."""
+    if config.task == "custom" or reward_fn is not None:
+        if prompts is None or reward_fn is None:
+            raise ValueError("PPOConfig.task='custom' needs both prompts and reward_fn")
+        return CustomTask(prompts=list(prompts), reward_fn=reward_fn)
+    if config.task == "gsm8k":
+        return GSM8KTask(config.task_path, eval_path=config.eval_path)
+    return ArithmeticTask()
+
+
+class RLTrainer:
+    """Runs one PPO / GRPO training run described by a `PPOConfig`.
+
+    Args:
+        config: every setting of the run.
+        task: a task object (see `ppo.tasks.base.Task`); built from the config if None.
+        prompts, reward_fn: a user's own prompts and ``reward_fn(prompts, responses) ->
+            list[float]``, as TRL users pass them (sets up a `CustomTask`).
+        policy, tokenizer: an already loaded policy (otherwise `config.model_path`, or the
+            testbed's SFT warm start when that is None).
+    """
+
+    def __init__(self, config: PPOConfig, task=None, prompts: list[str] | None = None,
+                 reward_fn: Callable | None = None, policy=None, tokenizer=None):
+        from accelerate import Accelerator
+
+        self.config = config
+        if config.device == "cpu" or not torch.cuda.is_available():
+            torch.set_num_threads(config.threads)
+        random.seed(config.seed)
+        torch.manual_seed(config.seed)
+        self.accelerator = Accelerator(cpu=config.device == "cpu", mixed_precision=config.mixed_precision)
+        self.device = self.accelerator.device
+        self.task = task if task is not None else build_task(config, prompts, reward_fn)
+        self.rng = random.Random(config.seed)  # prompt sampling
+        self.shuffle_generator = torch.Generator().manual_seed(config.seed)  # minibatch order
+        self.output_dir = Path(config.output_dir)
+
+        # -- models -------------------------------------------------------------------------
+        if policy is None:
+            model_path = config.model_path
+            if model_path is None:
+                from .sft import warm_start
+
+                model_path = str(warm_start(progress=config.progress))
+            self.model_path = model_path
+            policy, tokenizer = load_policy(model_path, dropout=not config.disable_dropout)
+        elif tokenizer is None:
+            raise ValueError("pass the tokenizer together with the policy")
+        else:
+            self.model_path = None
+            if config.disable_dropout:
+                disable_dropout(policy)
+        self.tokenizer = tokenizer
+        # The frozen reference is the initial policy. beta = 0 skips it entirely.
+        self.ref_policy = None
+        if config.uses_reference_model:
+            self.ref_policy = copy.deepcopy(policy).eval().requires_grad_(False).to(self.device)
+        self.value_model = self._build_value_model(policy) if config.uses_value_model else None
+        self.reward_model = None
+        if config.reward_model_path:
+            self.reward_model = ScalarHeadModel.from_pretrained(config.reward_model_path).eval().requires_grad_(False)
+            self.reward_model.to(self.device)
+
+        # -- optimisers: the critic gets its own AdamW by default --------------------------
+        self.policy_optimizer, self.value_optimizer = self._build_optimizers(policy)
+        schedule = self._lr_lambda
+        self.schedulers = [torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+                           for opt in (self.policy_optimizer, self.value_optimizer) if opt is not None]
+        prepared = self.accelerator.prepare(policy, *( [self.value_model] if self.value_model is not None else []),
+                                            self.policy_optimizer,
+                                            *([self.value_optimizer] if self.value_optimizer is not None else []))
+        prepared = list(prepared)
+        self.policy = prepared.pop(0)
+        if self.value_model is not None:
+            self.value_model = prepared.pop(0)
+        self.policy_optimizer = prepared.pop(0)
+        if self.value_optimizer is not None:
+            self.value_optimizer = prepared.pop(0)
+        self.kl_controller = make_kl_controller(config.kl_coef, config.adaptive_kl, config.kl_target, config.kl_horizon)
+        self.step = 0
+        self.writer = None
+
+    # ====================================================================================
+    # The algorithm
+    # ====================================================================================
+    def train_step(self) -> dict:
+        """One RL iteration; returns this step's metrics."""
+        cfg = self.config
+        timer = PhaseTimer()
+        policy = self.accelerator.unwrap_model(self.policy)
+        step_start = time.perf_counter()
+
+        # ---- 1. rollout: G samples per prompt, contiguous ------------------------------
+        prompts_this_step = self.task.sample_problems(cfg.prompts_per_step, self.rng)
+        problems = [p for p in prompts_this_step for _ in range(cfg.group_size)]  # B = prompts x G
+        with timer("generate"):
+            rollout = generate(policy, self.tokenizer, [p.prompt for p in problems], cfg.response_length,
+                               temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                               return_logits=cfg.logprobs_from_generation)
+        rollout = self._to_device(rollout)
+        response_mask = rollout.response_mask.float()  # [B, T]
+        texts = decode_responses(self.tokenizer, rollout)
+
+        # ---- 2. score ---------------------------------------------------------------------
+        with timer("score"):
+            score_objects = score_batch(self.task, problems, texts, rollout.has_eos.tolist())
+            if self.reward_model is not None:
+                raw_scores = self._reward_model_scores(rollout)  # [B]
+            else:
+                raw_scores = torch.tensor([s.reward for s in score_objects], device=self.device)  # [B]
+            correct = torch.tensor([s.correct for s in score_objects], device=self.device)  # [B]
+
+        # ---- 3. old log-probs, reference log-probs, values (no autograd) ---------------
+        temperature = cfg.temperature if cfg.scale_logits_by_temperature else 1.0
+        with torch.no_grad():
+            with timer("policy_forward"):
+                if cfg.logprobs_from_generation:
+                    old_logprobs = logprobs_from_logits(rollout.generation_logits, rollout.response_ids, temperature)
+                else:
+                    old_logprobs = response_logprobs(self.policy, *self._rollout_args(rollout), temperature=temperature)
+            ref_logprobs = None
+            if self.ref_policy is not None:
+                with timer("reference_forward"):
+                    ref_logprobs = response_logprobs(self.ref_policy, *self._rollout_args(rollout), temperature=temperature)
+            values = None
+            if self.value_model is not None:
+                with timer("value_forward"):
+                    values = response_values(self.value_model, *self._rollout_args(rollout)) * response_mask  # [B, T]
+
+        # ---- 4. per-token KL to the reference -----------------------------------------
+        beta = self.kl_controller.value
+        if ref_logprobs is not None:
+            kl = kl_penalty(old_logprobs, ref_logprobs, cfg.kl_estimator, cfg.kl_clip_at_zero) * response_mask  # [B, T]
+            kl_k1 = (old_logprobs - ref_logprobs) * response_mask  # [B, T]: the unclamped k1 estimate
+        else:
+            kl = kl_k1 = torch.zeros_like(old_logprobs)
+
+        # ---- 5. per-token rewards ---------------------------------------------------------
+        with timer("rewards"):
+            scores = apply_missing_eos(raw_scores, rollout.has_eos, cfg.missing_eos,
+                                       cfg.missing_eos_penalty, cfg.missing_eos_value)  # [B]
+            if cfg.length_reward_coef > 0:
+                scores = scores + cfg.length_reward_coef * group_kimi_length_reward(
+                    rollout.response_lengths.float(), correct, cfg.group_size)
+            scores = clip_scores(scores, cfg.reward_clip)
+            kl_in_reward = cfg.kl_placement == "reward" and ref_logprobs is not None
+            token_rewards = shape_rewards(scores, kl, response_mask, beta, kl_in_reward=kl_in_reward)  # [B, T]
+            if cfg.whiten_rewards:
+                token_rewards = whiten_rewards(token_rewards, response_mask, cfg.whiten_rewards_over_padding)
+
+        # ---- 6. advantages and returns ----------------------------------------------------
+        with timer("advantages"):
+            advantages, returns = estimate_advantages(
+                cfg.advantage_estimator, token_rewards=token_rewards, response_mask=response_mask, values=values,
+                group_size=cfg.group_size, gamma=cfg.gamma, lam=cfg.lam, grpo_scale=cfg.grpo_scale,
+                grpo_eps=cfg.grpo_eps, reinforce_baseline=cfg.reinforce_baseline)  # [B, T] each
+            if cfg.whiten_advantages and not cfg.whiten_advantages_per_minibatch:
+                advantages = whiten(advantages, response_mask)
+        # Responses cut off at response_length can be left out of the loss (DAPO).
+        loss_mask = response_mask * rollout.has_eos.float()[:, None] if cfg.mask_truncated_responses else response_mask
+
+        # ---- 7. update: epochs x shuffled minibatches x micro-batches ------------------
+        buffer_tensors = dict(query_ids=rollout.query_ids, query_mask=rollout.query_mask,
+                              response_ids=rollout.response_ids, response_mask=response_mask, loss_mask=loss_mask,
+                              old_logprobs=old_logprobs, advantages=advantages, returns=returns)
+        if ref_logprobs is not None:
+            buffer_tensors["ref_logprobs"] = ref_logprobs
+        if values is not None:
+            buffer_tensors["values"] = values
+        buffer = ExperienceBuffer(buffer_tensors)
+        with timer("update"):
+            update_metrics = self._update(buffer, beta, temperature)
+
+        # ---- 8. KL controller and learning-rate schedule -------------------------------
+        mean_sequence_kl = float(kl.sum(-1).mean())
+        self.kl_controller.update(mean_sequence_kl, cfg.rollout_batch_size)
+        for scheduler in self.schedulers:
+            scheduler.step()
+
+        # ---- metrics ----------------------------------------------------------------------
+        lengths = rollout.response_lengths.float()
+        metrics = {
+            "step": self.step + 1,
+            "score": float(raw_scores.mean()),
+            "reward": float(token_rewards.sum(-1).mean()),
+            "accuracy": float(correct.float().mean()),
+            "kl": mean_sequence_kl,
+            "kl_k1": float(kl_k1.sum(-1).mean()),
+            "kl_coef": beta,
+            "entropy_rollout": _masked_mean(-old_logprobs, response_mask),
+            "response_length": float(lengths.mean()),
+            "response_length_correct": float(lengths[correct].mean()) if correct.any() else float("nan"),
+            "response_length_incorrect": float(lengths[~correct].mean()) if (~correct).any() else float("nan"),
+            "eos_rate": float(rollout.has_eos.float().mean()),
+            "advantage_mean": _masked_mean(advantages, response_mask),
+            "advantage_abs_mean": _masked_mean(advantages.abs(), response_mask),
+            "lr": self.policy_optimizer.param_groups[0]["lr"],
+            **update_metrics,
+        }
+        if cfg.group_size > 1:
+            grouped = advantages.abs().sum(-1).reshape(-1, cfg.group_size)  # [prompts, G]
+            metrics["zero_advantage_group_frac"] = float((grouped.amax(-1) < 1e-6).float().mean())
+        if values is not None:
+            metrics["value_mean"] = _masked_mean(values, response_mask)
+            metrics["explained_variance"] = explained_variance(values, returns, response_mask)
+        metrics.update({f"time_{phase}": seconds for phase, seconds in timer.seconds.items()})
+        metrics["time_step"] = time.perf_counter() - step_start
+        self._last_samples = [
+            {"step": self.step + 1, "prompt": p.prompt, "response": t, "score": float(s), "correct": bool(c),
+             "has_eos": bool(e)}
+            for p, t, s, c, e in list(zip(problems, texts, raw_scores.tolist(), correct.tolist(),
+                                          rollout.has_eos.tolist()))[: cfg.log_samples]
+        ]
+        self.step += 1
+        return metrics
+
+    def _update(self, buffer: ExperienceBuffer, beta: float, temperature: float) -> dict:
+        """PPO epochs over the buffer; returns averaged loss and clipping metrics."""
+        cfg = self.config
+        sums: dict[str, float] = defaultdict(float)
+        count = 0
+        stop_early = False
+        self.policy.train()
+        if self.value_model is not None:
+            self.value_model.train()
+        for epoch, _, micro_batches in buffer.iterate(cfg.ppo_epochs, cfg.num_minibatches,
+                                                      cfg.gradient_accumulation_steps, self.shuffle_generator):
+            if stop_early:
+                break
+            if cfg.whiten_advantages and cfg.whiten_advantages_per_minibatch:
+                micro_batches = self._whiten_minibatch_advantages(micro_batches)
+            approx_kls = []
+            for micro in micro_batches:
+                args = (micro["query_ids"], micro["query_mask"], micro["response_ids"], micro["response_mask"])
+                logprobs, entropy = response_logprobs(self.policy, *args, temperature=temperature, with_entropy=True)
+                mask = micro["loss_mask"]
+                loss, metrics = policy_loss(logprobs, micro["old_logprobs"], micro["advantages"], mask,
+                                            clip_low=cfg.cliprange, clip_high=cfg.cliprange_high,
+                                            dual_clip=cfg.dual_clip, loss_agg=cfg.loss_agg,
+                                            max_len=cfg.response_length)
+                metrics["pg_loss"] = float(loss)
+                if cfg.kl_placement == "loss" and "ref_logprobs" in micro:
+                    kl_term, kl_metrics = kl_loss(logprobs, micro["ref_logprobs"], mask, cfg.kl_estimator,
+                                                  loss_agg=cfg.loss_agg, max_len=cfg.response_length)
+                    loss = loss + beta * kl_term
+                    metrics.update(kl_metrics)
+                entropy_value, entropy_metrics = entropy_loss(entropy, mask, cfg.loss_agg, max_len=cfg.response_length)
+                metrics.update(entropy_metrics)
+                if cfg.entropy_coef > 0:
+                    loss = loss - cfg.entropy_coef * entropy_value
+                if self.value_model is not None:
+                    new_values = response_values(self.value_model, *args)  # [b, T]
+                    vf_loss, vf_metrics = value_loss(new_values, micro["values"], micro["returns"], mask,
+                                                     clip_range_value=cfg.cliprange_value)
+                    metrics.update(vf_metrics)
+                    metrics["vf_loss"] = float(vf_loss)
+                    # One backward for both: the critic's graph is separate, so its gradients
+                    # only reach the critic's parameters, scaled by vf_coef.
+                    loss = loss + cfg.vf_coef * vf_loss
+                self.accelerator.backward(loss / cfg.gradient_accumulation_steps)
+                approx_kls.append(metrics.get("approx_kl", 0.0))
+                for key, value in metrics.items():
+                    sums[key] += float(value)
+                count += 1
+            self._optimizer_step()
+            if cfg.target_kl is not None and sum(approx_kls) / len(approx_kls) > cfg.target_kl:
+                stop_early = True  # cleanrl-style early stop of the remaining epochs
+        averaged = {key: value / max(count, 1) for key, value in sums.items()}
+        averaged["early_stopped"] = float(stop_early)
+        return averaged
+
+    # ====================================================================================
+    # Plumbing: models, optimisers, devices
+    # ====================================================================================
+    def _build_value_model(self, policy) -> ScalarHeadModel:
+        cfg = self.config
+        if cfg.value_init == "reward_model":
+            model = ScalarHeadModel.from_pretrained(cfg.reward_model_path, zero_head=True)
+        elif cfg.value_init == "policy":
+            model = ScalarHeadModel.from_policy(policy, head_init="zero")
+        else:
+            model = ScalarHeadModel.random_like(policy)
+        if cfg.disable_dropout:
+            disable_dropout(model)
+        return model.to(self.device)
+
+    def _build_optimizers(self, policy):
+        cfg = self.config
+        adam = dict(eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+        if self.value_model is None:
+            return torch.optim.AdamW(policy.parameters(), lr=cfg.lr, **adam), None
+        value_lr = cfg.value_lr if cfg.value_lr is not None else cfg.lr
+        if cfg.separate_value_optimizer:
+            return (torch.optim.AdamW(policy.parameters(), lr=cfg.lr, **adam),
+                    torch.optim.AdamW(self.value_model.parameters(), lr=value_lr, **adam))
+        # One optimizer over both (AlpacaFarm, TRL); value_lr still applies to its group.
+        groups = [{"params": list(policy.parameters()), "lr": cfg.lr},
+                  {"params": list(self.value_model.parameters()), "lr": value_lr}]
+        return torch.optim.AdamW(groups, **adam), None
+
+    def _lr_lambda(self, step: int) -> float:
+        """Warmup then linear decay to 0, advanced once per RL step (as AlpacaFarm)."""
+        cfg = self.config
+        warmup = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
+        if cfg.lr_schedule == "constant":
+            return warmup
+        return warmup * max(0.0, 1.0 - step / cfg.total_steps)
+
+    def _optimizer_step(self) -> None:
+        cfg = self.config
+        policy_params = list(self.policy.parameters())
+        value_params = list(self.value_model.parameters()) if self.value_model is not None else []
+        if cfg.max_grad_norm is not None:
+            if self.value_optimizer is None:  # one optimizer: one joint norm (AlpacaFarm)
+                self.accelerator.clip_grad_norm_(policy_params + value_params, cfg.max_grad_norm)
+            else:
+                self.accelerator.clip_grad_norm_(policy_params, cfg.max_grad_norm)
+                self.accelerator.clip_grad_norm_(value_params, cfg.max_grad_norm)
+        for optimizer in (self.policy_optimizer, self.value_optimizer):
+            if optimizer is not None:
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+
+    def _whiten_minibatch_advantages(self, micro_batches: list[dict]) -> list[dict]:
+        advantages = torch.cat([m["advantages"] for m in micro_batches])
+        mask = torch.cat([m["response_mask"] for m in micro_batches])
+        whitened = whiten(advantages, mask).split([m["advantages"].shape[0] for m in micro_batches])
+        return [{**m, "advantages": w} for m, w in zip(micro_batches, whitened)]
+
+    def _to_device(self, rollout: Rollout) -> Rollout:
+        for name in ("query_ids", "query_mask", "response_ids", "response_mask", "has_eos"):
+            setattr(rollout, name, getattr(rollout, name).to(self.device))
+        return rollout
+
+    @staticmethod
+    def _rollout_args(rollout: Rollout):
+        return rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.response_mask
+
+    def _reward_model_scores(self, rollout: Rollout) -> torch.Tensor:
+        """Reward-model score read at the last response token, ``[B]``."""
+        ids, mask, positions = concat_query_response(*self._rollout_args(rollout))
+        with torch.no_grad():
+            scores = self.reward_model(input_ids=ids, attention_mask=mask, position_ids=positions)  # [B, Q+T]
+        last = rollout.query_ids.shape[1] + rollout.response_lengths - 1  # [B]
+        return scores.gather(1, last[:, None]).squeeze(1).float()
+
+    # ====================================================================================
+    # Plumbing: the run (logging, evaluation, checkpoints)
+    # ====================================================================================
+    def evaluate(self) -> dict:
+        cfg = self.config
+        problems = list(self.task.eval_problems())
+        if cfg.eval_size is not None:
+            problems = problems[: cfg.eval_size]
+        policy = self.accelerator.unwrap_model(self.policy)
+        return evaluate(policy, self.tokenizer, self.task, cfg.response_length, temperature=1.0,
+                        seed=cfg.seed, problems=problems)
+
+    def train(self, resume: bool = False) -> dict:
+        """Run to `config.total_steps` (continuing from the latest checkpoint if `resume`)."""
+        from torch.utils.tensorboard import SummaryWriter
+
+        cfg = self.config
+        start_time = time.perf_counter()
+        if resume:
+            if not self.load_checkpoint():
+                raise FileNotFoundError(f"{self.output_dir / 'checkpoints'}: no checkpoint to resume from")
+        else:
+            if (self.output_dir / "metrics.jsonl").exists():
+                raise FileExistsError(f"{self.output_dir}: a run already exists here; pass resume=True (--resume) "
+                                      "or choose another output_dir")
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+        cfg.to_yaml(self.output_dir / "config.yaml")
+        self._truncate_logs(self.step)
+        self.writer = SummaryWriter(str(self.output_dir), purge_step=self.step + 1 if resume else None)
+        if not resume:
+            self.writer.add_text("config", describe(cfg), 0)
+        initial_eval = None
+        if self.step == 0:
+            initial_eval = self.evaluate()
+            self._log({"step": 0, **{f"eval_{k}": v for k, v in initial_eval.items()}})
+            (self.output_dir / "initial_eval.json").write_text(json.dumps(initial_eval, indent=2))
+        elif (self.output_dir / "initial_eval.json").exists():
+            initial_eval = json.loads((self.output_dir / "initial_eval.json").read_text())
+        bar = tqdm(total=cfg.total_steps, initial=self.step, desc=f"RL ({cfg.advantage_estimator})",
+                   disable=not cfg.progress, dynamic_ncols=True)
+        final_eval = None
+        while self.step < cfg.total_steps:
+            metrics = self.train_step()
+            last = self.step == cfg.total_steps
+            if last or (cfg.eval_every and self.step % cfg.eval_every == 0):
+                eval_metrics = self.evaluate()
+                metrics.update({f"eval_{k}": v for k, v in eval_metrics.items()})
+                final_eval = eval_metrics if last else final_eval
+            self._log(metrics)
+            self._write_samples()
+            if last or (cfg.save_every and self.step % cfg.save_every == 0):
+                self.save_checkpoint()
+            bar.update(1)
+            bar.set_postfix(acc=f"{metrics['accuracy']:.2f}", kl=f"{metrics['kl']:.3f}",
+                            eval=f"{metrics.get('eval_sampled_accuracy', float('nan')):.2f}")
+        bar.close()
+        self.writer.close()
+        final_eval = final_eval or self.evaluate()
+        summary = {
+            "steps": self.step,
+            "samples": self.step * cfg.rollout_batch_size,
+            "wall_seconds_this_session": time.perf_counter() - start_time,
+            "initial_eval": initial_eval,
+            "final_eval": final_eval,
+        }
+        if initial_eval:
+            summary["sampled_accuracy_gain"] = final_eval["sampled_accuracy"] - initial_eval["sampled_accuracy"]
+        (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def _log(self, metrics: dict) -> None:
+        with open(self.output_dir / "metrics.jsonl", "a") as handle:
+            handle.write(json.dumps(metrics) + "\n")
+        step = metrics["step"]
+        for key, value in metrics.items():
+            if key != "step" and isinstance(value, (int, float)) and not math.isnan(value):
+                self.writer.add_scalar(key, value, step)
+
+    def _write_samples(self) -> None:
+        with open(self.output_dir / "samples.jsonl", "a") as handle:
+            for sample in self._last_samples:
+                handle.write(json.dumps(sample) + "\n")
+
+    def _truncate_logs(self, step: int) -> None:
+        """On resume, drop log lines written after the checkpoint (they will be redone)."""
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            path = self.output_dir / name
+            if path.exists():
+                kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= step]
+                path.write_text("".join(line + "\n" for line in kept))
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def save_checkpoint(self) -> Path:
+        """Write ``checkpoints/step_N`` atomically (temp dir + rename); prune old ones."""
+        root = self.output_dir / "checkpoints"
+        final = root / f"step_{self.step:06d}"
+        tmp = root / f".tmp_step_{self.step:06d}_{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        self.accelerator.unwrap_model(self.policy).save_pretrained(tmp / "policy")
+        self.tokenizer.save_pretrained(tmp / "policy")
+        if self.value_model is not None:
+            self.accelerator.unwrap_model(self.value_model).save_pretrained(tmp / "value")
+        torch.save({
+            "policy_optimizer": self.policy_optimizer.state_dict(),
+            "value_optimizer": self.value_optimizer.state_dict() if self.value_optimizer else None,
+            "schedulers": [s.state_dict() for s in self.schedulers],
+            "torch_rng": torch.get_rng_state(),
+            "shuffle_rng": self.shuffle_generator.get_state(),
+            "python_rng": self.rng.getstate(),
+        }, tmp / "trainer_state.pt")
+        (tmp / "state.json").write_text(json.dumps({"step": self.step, "kl_controller": self.kl_controller.state_dict(),
+                                                    "model_path": self.model_path}))
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        checkpoints = sorted(root.glob("step_*"))
+        for old in checkpoints[: -self.config.keep_checkpoints] if self.config.keep_checkpoints else []:
+            shutil.rmtree(old)
+        return final
+
+    def load_checkpoint(self) -> bool:
+        """Restore the latest complete checkpoint; False when there is none."""
+        checkpoints = sorted((self.output_dir / "checkpoints").glob("step_*"))
+        checkpoints = [c for c in checkpoints if (c / "state.json").exists()]
+        if not checkpoints:
+            return False
+        path = checkpoints[-1]
+        policy = self.accelerator.unwrap_model(self.policy)
+        policy.load_state_dict(_load_safetensors_dir(path / "policy"), strict=False)
+        if self.value_model is not None:
+            loaded = ScalarHeadModel.from_pretrained(path / "value")
+            self.accelerator.unwrap_model(self.value_model).load_state_dict(loaded.state_dict())
+        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        self.policy_optimizer.load_state_dict(state["policy_optimizer"])
+        if self.value_optimizer is not None:
+            self.value_optimizer.load_state_dict(state["value_optimizer"])
+        for scheduler, scheduler_state in zip(self.schedulers, state["schedulers"]):
+            scheduler.load_state_dict(scheduler_state)
+        torch.set_rng_state(state["torch_rng"])
+        self.shuffle_generator.set_state(state["shuffle_rng"])
+        self.rng.setstate(state["python_rng"])
+        info = json.loads((path / "state.json").read_text())
+        self.step = info["step"]
+        self.kl_controller.load_state_dict(info["kl_controller"])
+        return True
+
+
+def _load_safetensors_dir(path: Path) -> dict:
+    from safetensors.torch import load_file
+
+    state = {}
+    for file in sorted(path.glob("*.safetensors")):
+        state.update(load_file(str(file)))
+    if not state:
+        raise FileNotFoundError(f"{path}: no safetensors weights")
+    return state

@@ -90,7 +90,7 @@ class PPOConfig:
     reinforce_baseline: bool = _f(False, "For advantage_estimator='reinforce': subtract the batch-mean score.")
 
     # ------------------------------------------------------------------ the update
-    ppo_epochs: int = _f(4, "Passes over each rollout batch. AlpacaFarm 2, TRL 4, GRPO (fully online) 1.")
+    ppo_epochs: int = _f(4, "Passes over each rollout batch (GRPO's num_iterations). AlpacaFarm 2, TRL 4. With 1 epoch and 1 minibatch the ratio is exactly 1 and clipping never fires.")
     num_minibatches: int = _f(1, "Shuffled minibatches per epoch (one optimizer step each). AlpacaFarm: 512/256 = 2; TRL: 1.")
     gradient_accumulation_steps: int = _f(1, "Micro-batches per minibatch (gradient accumulation); changes memory, not the math.")
     cliprange: float = _f(0.2, "PPO ratio clip epsilon (low side, and high side unless cliprange_high). AlpacaFarm and TRL: 0.2.")
@@ -102,6 +102,12 @@ class PPOConfig:
     loss_agg: str = _f("token_mean", "Loss aggregation: 'token_mean' (PPO), 'seq_mean_token_mean' (GRPO's per-sequence length normalisation), 'seq_mean_token_sum_norm' (Dr. GRPO).")
     target_kl: float | None = _f(None, "Stop the remaining epochs of a step once the approx KL to the rollout policy exceeds this; None = off (cleanrl's target_kl).")
     mask_truncated_responses: bool = _f(False, "Drop responses that hit response_length without EOS from the loss (DAPO's overlong filtering).")
+
+    # ------------------------------------------------------------------ difficulty filtering (Kimi k1.5)
+    difficulty_filter: bool = _f(False, "Mask out of the loss the groups whose pass rate (mean correctness over the G samples) is outside (filter_min_pass_rate, filter_max_pass_rate). Kimi k1.5, DAPO dynamic sampling.")
+    filter_min_pass_rate: float = _f(0.0, "Lower edge (exclusive) of the kept pass-rate band; 0 drops prompts no sample solved.")
+    filter_max_pass_rate: float = _f(1.0, "Upper edge (exclusive) of the kept pass-rate band; 1 drops prompts every sample solved.")
+    retire_mastered: bool = _f(False, "Never draw again a prompt that all G samples solved (Kimi k1.5 retires mastered problems).")
 
     # ------------------------------------------------------------------ optimisation
     lr: float = _f(1e-5, "Policy learning rate. AlpacaFarm 1e-5, TRL 3e-6.")
@@ -127,7 +133,32 @@ class PPOConfig:
     progress: bool = _f(True, "Show a progress bar.")
 
     def __post_init__(self):
+        self._coerce_types()
         self.validate()
+
+    def _coerce_types(self) -> None:
+        """Accept numbers written as strings (YAML reads ``1e-5`` as a string) and ints for
+        floats; anything else of the wrong type is an error naming the field."""
+        for f in fields(self):
+            value, kind = getattr(self, f.name), str(f.type)
+            if value is None:
+                if "None" not in kind:
+                    raise ValueError(f"PPOConfig.{f.name}: may not be None")
+                continue
+            base = kind.split("|")[0].strip()
+            try:
+                if base == "float" and not isinstance(value, bool) and isinstance(value, (int, float, str)):
+                    setattr(self, f.name, float(value))
+                elif base == "int" and isinstance(value, str):
+                    setattr(self, f.name, int(value))
+                elif base == "bool" and isinstance(value, str) and value.lower() in ("true", "false"):
+                    setattr(self, f.name, value.lower() == "true")
+            except ValueError:
+                raise ValueError(f"PPOConfig.{f.name}: expected {base}, got {value!r}") from None
+            value = getattr(self, f.name)
+            expected = {"float": float, "int": int, "bool": bool, "str": str}.get(base)
+            if expected and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
+                raise ValueError(f"PPOConfig.{f.name}: expected {base}, got {value!r}")
 
     # -- validation ----------------------------------------------------------------------
     def validate(self) -> None:
@@ -189,13 +220,22 @@ class PPOConfig:
                 f"must divide the minibatch size ({self.minibatch_size} = rollout_batch_size / num_minibatches)")
         if self.advantage_estimator in ("grpo", "dr_grpo", "rloo") and self.group_size < 2:
             bad("group_size", f"must be >= 2 for advantage_estimator={self.advantage_estimator!r}")
+        if not 0.0 <= self.filter_min_pass_rate < self.filter_max_pass_rate <= 1.0:
+            bad("filter_min_pass_rate", f"need 0 <= filter_min_pass_rate < filter_max_pass_rate "
+                f"({self.filter_max_pass_rate}) <= 1")
+        if (self.difficulty_filter or self.retire_mastered) and self.group_size < 2:
+            bad("group_size", "must be >= 2 for difficulty_filter / retire_mastered (pass rates come from groups)")
         if self.length_reward_coef > 0 and self.group_size < 2:
             bad("length_reward_coef", "needs group_size >= 2 (the length reward compares a group's responses)")
         if self.task == "gsm8k" and not self.task_path:
             bad("task_path", "is required for task='gsm8k'")
+
+    def validate_for_run(self) -> None:
+        """Checks that only matter when a run starts (a preset may name a reward model that
+        the user supplies later)."""
         if self.value_init == "reward_model" and self.uses_value_model and not self.reward_model_path:
-            bad("value_init", "'reward_model' needs reward_model_path (the verifiable testbed has no reward model; "
-                "use 'policy')")
+            raise ValueError("PPOConfig.value_init: 'reward_model' needs reward_model_path (the verifiable testbed "
+                             "has no reward model; use 'policy', or --testbed which does so)")
 
     # -- derived quantities ----------------------------------------------------------------
     @property
@@ -319,6 +359,73 @@ PRESETS: dict[str, dict[str, Any]] = {
         adam_eps=1e-8,  # TRL used the torch default
         missing_eos="none",  # TRL's missing_eos_penalty defaults to None
         value_init="reward_model",
+    ),
+    # DeepSeekMath GRPO (Shao et al. 2024, sec. 4.1): G samples per prompt, group-std
+    # advantages, per-sequence length normalisation, k3 KL in the loss with beta 0.04, no
+    # value model. Their RL used G = 64, lr 1e-6, one policy update per rollout batch.
+    "grpo": dict(
+        advantage_estimator="grpo",
+        grpo_scale="group",
+        grpo_eps=1e-4,  # nano-aha-moment; DeepSeekMath does not state its epsilon
+        group_size=8,
+        kl_placement="loss",
+        kl_estimator="k3",
+        kl_coef=0.04,
+        loss_agg="seq_mean_token_mean",
+        whiten_advantages=False,
+        whiten_rewards=False,
+        ppo_epochs=1,
+        num_minibatches=1,
+        cliprange=0.2,
+        lr=1e-6,
+        temperature=1.0,
+    ),
+    # Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): GRPO without the
+    # std division and without per-sequence length normalisation (a constant normaliser),
+    # and no KL term (beta = 0).
+    "dr_grpo": dict(
+        advantage_estimator="dr_grpo",
+        grpo_scale="none",
+        group_size=8,
+        kl_coef=0.0,
+        kl_placement="loss",
+        kl_estimator="k3",
+        loss_agg="seq_mean_token_sum_norm",
+        whiten_advantages=False,
+        ppo_epochs=1,
+        num_minibatches=1,
+        cliprange=0.2,
+        lr=1e-6,
+    ),
+    # RLOO (Ahmadian et al. 2024, "Back to Basics"): leave-one-out baseline, REINFORCE-style
+    # single update, KL in the reward (k1) as in their RLHF setup.
+    "rloo": dict(
+        advantage_estimator="rloo",
+        group_size=8,
+        kl_coef=0.05,
+        kl_placement="reward",
+        kl_estimator="k1",
+        loss_agg="token_mean",
+        whiten_advantages=False,
+        ppo_epochs=1,
+        num_minibatches=1,
+        lr=1e-6,
+    ),
+    # nano-aha-moment's GRPO: group-std advantages with eps 1e-4, token-level loss averaged
+    # over all tokens of the batch, k3 KL in the loss with a small beta, one update per batch.
+    "grpo_nano": dict(
+        advantage_estimator="grpo",
+        grpo_scale="group",
+        grpo_eps=1e-4,
+        group_size=4,
+        kl_placement="loss",
+        kl_estimator="k3",
+        kl_coef=0.001,
+        loss_agg="token_mean",
+        whiten_advantages=False,
+        ppo_epochs=1,
+        num_minibatches=1,
+        lr=1e-6,
     ),
 }
 

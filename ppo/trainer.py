@@ -39,6 +39,7 @@ from value_model import ScalarHeadModel
 from .buffer import ExperienceBuffer
 from .config import PPOConfig, describe
 from .evaluation import evaluate, score_batch
+from .filtering import PromptPool, group_pass_rates, keep_groups, zero_advantage_group_fraction
 from .kl import kl_penalty, make_kl_controller
 from .logprobs import concat_query_response, logprobs_from_logits, response_logprobs, response_values
 from .losses import entropy_loss, explained_variance, kl_loss, policy_loss, value_loss
@@ -92,6 +93,7 @@ class RLTrainer:
                  reward_fn: Callable | None = None, policy=None, tokenizer=None):
         from accelerate import Accelerator
 
+        config.validate_for_run()
         self.config = config
         if config.device == "cpu" or not torch.cuda.is_available():
             torch.set_num_threads(config.threads)
@@ -101,6 +103,7 @@ class RLTrainer:
         self.device = self.accelerator.device
         self.task = task if task is not None else build_task(config, prompts, reward_fn)
         self.rng = random.Random(config.seed)  # prompt sampling
+        self.prompt_pool = PromptPool(self.task, self.rng)
         self.shuffle_generator = torch.Generator().manual_seed(config.seed)  # minibatch order
         self.output_dir = Path(config.output_dir)
 
@@ -160,7 +163,7 @@ class RLTrainer:
         step_start = time.perf_counter()
 
         # ---- 1. rollout: G samples per prompt, contiguous ------------------------------
-        prompts_this_step = self.task.sample_problems(cfg.prompts_per_step, self.rng)
+        prompts_this_step = self.prompt_pool.sample(cfg.prompts_per_step)
         problems = [p for p in prompts_this_step for _ in range(cfg.group_size)]  # B = prompts x G
         with timer("generate"):
             rollout = generate(policy, self.tokenizer, [p.prompt for p in problems], cfg.response_length,
@@ -227,6 +230,23 @@ class RLTrainer:
                 advantages = whiten(advantages, response_mask)
         # Responses cut off at response_length can be left out of the loss (DAPO).
         loss_mask = response_mask * rollout.has_eos.float()[:, None] if cfg.mask_truncated_responses else response_mask
+        filter_metrics = {}
+        if cfg.group_size > 1:
+            # Difficulty filtering: groups every sample solved (or none did) carry no signal.
+            pass_rates = group_pass_rates(correct, cfg.group_size)  # [prompts]
+            kept = torch.ones_like(pass_rates, dtype=torch.bool)
+            if cfg.difficulty_filter:
+                kept = keep_groups(pass_rates, cfg.filter_min_pass_rate, cfg.filter_max_pass_rate)  # [prompts]
+                loss_mask = loss_mask * kept.repeat_interleave(cfg.group_size).float()[:, None]
+            filter_metrics = {
+                "zero_advantage_group_frac": zero_advantage_group_fraction(advantages * response_mask, cfg.group_size),
+                "zero_advantage_group_frac_kept": zero_advantage_group_fraction(
+                    advantages * response_mask, cfg.group_size, among=kept),
+                "kept_group_frac": float(kept.float().mean()),
+            }
+            if cfg.retire_mastered:
+                self.prompt_pool.retire(prompts_this_step, pass_rates)
+                filter_metrics["retired_prompts"] = len(self.prompt_pool.retired)
 
         # ---- 7. update: epochs x shuffled minibatches x micro-batches ------------------
         buffer_tensors = dict(query_ids=rollout.query_ids, query_mask=rollout.query_mask,
@@ -266,9 +286,7 @@ class RLTrainer:
             "lr": self.policy_optimizer.param_groups[0]["lr"],
             **update_metrics,
         }
-        if cfg.group_size > 1:
-            grouped = advantages.abs().sum(-1).reshape(-1, cfg.group_size)  # [prompts, G]
-            metrics["zero_advantage_group_frac"] = float((grouped.amax(-1) < 1e-6).float().mean())
+        metrics.update(filter_metrics)
         if values is not None:
             metrics["value_mean"] = _masked_mean(values, response_mask)
             metrics["explained_variance"] = explained_variance(values, returns, response_mask)
@@ -307,7 +325,7 @@ class RLTrainer:
                                             clip_low=cfg.cliprange, clip_high=cfg.cliprange_high,
                                             dual_clip=cfg.dual_clip, loss_agg=cfg.loss_agg,
                                             max_len=cfg.response_length)
-                metrics["pg_loss"] = float(loss)
+                metrics["pg_loss"] = float(loss.detach())
                 if cfg.kl_placement == "loss" and "ref_logprobs" in micro:
                     kl_term, kl_metrics = kl_loss(logprobs, micro["ref_logprobs"], mask, cfg.kl_estimator,
                                                   loss_agg=cfg.loss_agg, max_len=cfg.response_length)
@@ -322,7 +340,7 @@ class RLTrainer:
                     vf_loss, vf_metrics = value_loss(new_values, micro["values"], micro["returns"], mask,
                                                      clip_range_value=cfg.cliprange_value)
                     metrics.update(vf_metrics)
-                    metrics["vf_loss"] = float(vf_loss)
+                    metrics["vf_loss"] = float(vf_loss.detach())
                     # One backward for both: the critic's graph is separate, so its gradients
                     # only reach the critic's parameters, scaled by vf_coef.
                     loss = loss + cfg.vf_coef * vf_loss
@@ -425,8 +443,12 @@ class RLTrainer:
         return evaluate(policy, self.tokenizer, self.task, cfg.response_length, temperature=1.0,
                         seed=cfg.seed, problems=problems)
 
-    def train(self, resume: bool = False) -> dict:
-        """Run to `config.total_steps` (continuing from the latest checkpoint if `resume`)."""
+    def train(self, resume: bool = False, stop_after: int | None = None) -> dict:
+        """Run to `config.total_steps` (continuing from the latest checkpoint if `resume`).
+
+        `stop_after` ends this session early after that step, with a checkpoint, so a long
+        run can be split across time-limited jobs and continued with ``resume=True``.
+        """
         from torch.utils.tensorboard import SummaryWriter
 
         cfg = self.config
@@ -454,7 +476,8 @@ class RLTrainer:
         bar = tqdm(total=cfg.total_steps, initial=self.step, desc=f"RL ({cfg.advantage_estimator})",
                    disable=not cfg.progress, dynamic_ncols=True)
         final_eval = None
-        while self.step < cfg.total_steps:
+        end = cfg.total_steps if stop_after is None else min(stop_after, cfg.total_steps)
+        while self.step < end:
             metrics = self.train_step()
             last = self.step == cfg.total_steps
             if last or (cfg.eval_every and self.step % cfg.eval_every == 0):
@@ -463,7 +486,7 @@ class RLTrainer:
                 final_eval = eval_metrics if last else final_eval
             self._log(metrics)
             self._write_samples()
-            if last or (cfg.save_every and self.step % cfg.save_every == 0):
+            if last or self.step == end or (cfg.save_every and self.step % cfg.save_every == 0):
                 self.save_checkpoint()
             bar.update(1)
             bar.set_postfix(acc=f"{metrics['accuracy']:.2f}", kl=f"{metrics['kl']:.3f}",
@@ -525,7 +548,8 @@ class RLTrainer:
             "python_rng": self.rng.getstate(),
         }, tmp / "trainer_state.pt")
         (tmp / "state.json").write_text(json.dumps({"step": self.step, "kl_controller": self.kl_controller.state_dict(),
-                                                    "model_path": self.model_path}))
+                                                    "model_path": self.model_path,
+                                                    "retired_prompts": sorted(self.prompt_pool.retired)}))
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -558,6 +582,7 @@ class RLTrainer:
         info = json.loads((path / "state.json").read_text())
         self.step = info["step"]
         self.kl_controller.load_state_dict(info["kl_controller"])
+        self.prompt_pool.retired = set(info.get("retired_prompts", []))
         return True
 
 

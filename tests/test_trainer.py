@@ -1,0 +1,113 @@
+"""The training loop on a tiny random model: plumbing, resume, GRPO-specific guarantees.
+
+The runs that must *learn* use the real SFT warm start and live in test_training_runs.py.
+"""
+
+import json
+
+import pytest
+import torch
+
+from ppo.config import PPOConfig, preset
+from ppo.trainer import RLTrainer
+
+TINY = dict(rollout_batch_size=8, response_length=12, eval_size=8, eval_every=2, total_steps=4, save_every=0,
+            progress=False, log_samples=2, lr=1e-3)
+
+
+def read_metrics(path):
+    return [json.loads(line) for line in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def without_timing(rows):
+    return [{k: v for k, v in row.items() if not k.startswith("time_") and k != "wall_seconds"} for row in rows]
+
+
+def test_run_directory_contents(tmp_path, tiny_model_dir):
+    config = PPOConfig(model_path=str(tiny_model_dir), output_dir=str(tmp_path / "run"), num_minibatches=2,
+                       gradient_accumulation_steps=2, ppo_epochs=2, **TINY)
+    summary = RLTrainer(config).train()
+    run = tmp_path / "run"
+    assert (run / "config.yaml").is_file() and (run / "summary.json").is_file()
+    assert PPOConfig.from_yaml(run / "config.yaml") == config
+    assert list(run.glob("events.out.tfevents.*"))
+    rows = read_metrics(run)
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]
+    assert "eval_sampled_accuracy" in rows[0] and "eval_sampled_accuracy" in rows[2]
+    for key in ("score", "reward", "kl", "entropy", "pg_loss", "vf_loss", "clipfrac", "approx_kl", "value_error",
+                "explained_variance", "response_length_correct", "time_generate", "time_update", "time_step"):
+        assert key in rows[1], key
+    samples = [json.loads(line) for line in (run / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 * 2 and {"prompt", "response", "score"} <= set(samples[0])
+    checkpoint = run / "checkpoints" / "step_000004"
+    assert (checkpoint / "policy" / "model.safetensors").is_file()
+    assert (checkpoint / "value" / "scalar_head.safetensors").is_file()
+    assert summary["steps"] == 4 and summary["samples"] == 32
+    with pytest.raises(FileExistsError, match="resume"):
+        RLTrainer(config).train()
+
+
+def test_resume_matches_a_straight_run(tmp_path, tiny_model_dir):
+    """N steps straight == N/2 steps, stop, resume for N/2 (same metrics and weights on CPU)."""
+    common = dict(model_path=str(tiny_model_dir), num_minibatches=2, ppo_epochs=2, adaptive_kl=True,
+                  kl_target=0.01, kl_horizon=100, **TINY)
+    straight = RLTrainer(PPOConfig(output_dir=str(tmp_path / "a"), **common))
+    straight.train()
+    first = RLTrainer(PPOConfig(output_dir=str(tmp_path / "b"), **common))
+    first.train(stop_after=2)
+    assert [r["step"] for r in read_metrics(tmp_path / "b")] == [0, 1, 2]
+    resumed = RLTrainer(PPOConfig(output_dir=str(tmp_path / "b"), **common))
+    resumed.train(resume=True)
+    assert without_timing(read_metrics(tmp_path / "a")) == without_timing(read_metrics(tmp_path / "b"))
+    for a, b in zip(straight.policy.parameters(), resumed.policy.parameters()):
+        assert torch.equal(a, b)
+    assert straight.kl_controller.value == resumed.kl_controller.value != 0.05  # adaptive beta restored
+
+
+def test_beta_zero_never_calls_the_reference_model(tmp_path, tiny_model_dir):
+    calls = []
+    config = preset("grpo", model_path=str(tiny_model_dir), output_dir=str(tmp_path / "g"), group_size=4,
+                    **{**TINY, "total_steps": 2})
+    with_ref = RLTrainer(config)
+    with_ref.ref_policy.register_forward_hook(lambda *args: calls.append(1))
+    with_ref.train_step()
+    assert calls, "the spy must see reference calls when beta > 0"
+    no_ref = RLTrainer(config.replace(kl_coef=0.0, output_dir=str(tmp_path / "g0")))
+    assert no_ref.ref_policy is None  # never built: no forward pass, no memory
+    metrics = no_ref.train_step()
+    assert metrics["kl"] == 0.0 and "time_reference_forward" not in metrics
+
+
+def count_ones(prompts, responses):
+    return [float(response.count("1")) for response in responses]
+
+
+def test_single_update_per_batch_has_ratio_exactly_one(tmp_path, tiny_model_dir):
+    config = preset("grpo", task="custom", model_path=str(tiny_model_dir), output_dir=str(tmp_path / "g"),
+                    group_size=4, **{**TINY, "lr": 1e-2})
+    prompts = ["1+1=", "2+3=", "9+9="]
+    trainer = RLTrainer(config, prompts=prompts, reward_fn=count_ones)
+    for _ in range(3):
+        metrics = trainer.train_step()
+        assert metrics["advantage_abs_mean"] > 0  # there is a gradient, the policy moves
+        assert metrics["ratio_mean"] == 1.0 and metrics["ratio_max"] == 1.0
+        assert metrics["clipfrac"] == 0.0
+    # with several updates per batch the ratio moves away from 1
+    multi = RLTrainer(config.replace(ppo_epochs=4, num_minibatches=2, output_dir=str(tmp_path / "m")),
+                      prompts=prompts, reward_fn=count_ones)
+    metrics = multi.train_step()
+    assert metrics["ratio_max"] > 1.0
+
+
+def test_custom_prompts_and_reward_function(tmp_path, tiny_model_dir):
+    reward_fn = count_ones
+    config = PPOConfig(task="custom", model_path=str(tiny_model_dir), output_dir=str(tmp_path / "c"),
+                       advantage_estimator="rloo", group_size=4, **TINY)
+    trainer = RLTrainer(config, prompts=["1+1=", "2+3=", "9+9="], reward_fn=reward_fn)
+    summary = trainer.train()
+    rows = read_metrics(tmp_path / "c")
+    samples = [json.loads(line) for line in (tmp_path / "c" / "samples.jsonl").read_text().splitlines()]
+    assert all(s["score"] == float(s["response"].count("1")) for s in samples)
+    assert "sampled_accuracy" in summary["final_eval"] and len(rows) == 5
+    with pytest.raises(ValueError, match="prompts and reward_fn"):
+        RLTrainer(config.replace(output_dir=str(tmp_path / "x")))

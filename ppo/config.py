@@ -100,7 +100,7 @@ class PPOConfig:
     vf_coef: float = _f(0.1, "Weight of the value loss. AlpacaFarm and TRL: 0.1.")
     entropy_coef: float = _f(0.0, "Entropy bonus weight. AlpacaFarm and TRL: 0.")
     loss_agg: str = _f("token_mean", "Loss aggregation: 'token_mean' (PPO), 'seq_mean_token_mean' (GRPO's per-sequence length normalisation), 'seq_mean_token_sum_norm' (Dr. GRPO).")
-    target_kl: float | None = _f(None, "Stop the remaining epochs of a step once the approx KL to the rollout policy exceeds this; None = off (cleanrl's target_kl).")
+    target_kl: float | None = _f(None, "Stop the update of a step (remaining minibatches and epochs) once a minibatch's approx KL to the rollout policy exceeds this; None = off (cleanrl's target_kl).")
     mask_truncated_responses: bool = _f(False, "Drop responses that hit response_length without EOS from the loss (DAPO's overlong filtering).")
 
     # ------------------------------------------------------------------ difficulty filtering (Kimi k1.5)
@@ -115,7 +115,7 @@ class PPOConfig:
     separate_value_optimizer: bool = _f(True, "Give the value model its own AdamW (and value_lr). False = one optimizer over policy and value parameters, as AlpacaFarm and TRL.")
     adam_eps: float = _f(1e-5, "AdamW epsilon. AlpacaFarm 1e-5 (N+ details); torch default 1e-8.")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
-    warmup_steps: int = _f(0, "Linear learning-rate warmup (optimizer steps). AlpacaFarm: 5.")
+    warmup_steps: int = _f(0, "Linear learning-rate warmup, in RL steps (the schedule advances once per RL step, as AlpacaFarm). AlpacaFarm: 5.")
     lr_schedule: str = _f("linear", "'linear' decay to 0 after warmup (AlpacaFarm, TRL) or 'constant'.")
     max_grad_norm: float | None = _f(1.0, "Gradient-norm clipping; None = off. AlpacaFarm 1.0.")
     disable_dropout: bool = _f(True, "Turn off dropout in policy, reference and value model so log-probs are deterministic (N+ details; AlpacaFarm, TRL).")
@@ -306,7 +306,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 # Plain data: each preset lists only the fields it changes from the defaults above.
 PRESETS: dict[str, dict[str, Any]] = {
     # AlpacaFarm's PPO (examples/scripts/rlhf_ppo.sh, src/alpaca_farm/rl/ppo_trainer.py,
-    # ppo_utils.py, rl_trainer.py). See docs/alpacafarm.md for each value's source.
+    # ppo_utils.py, rl_trainer.py). docs/implementation-details.md lists each field's source.
     "alpacafarm": dict(
         kl_coef=0.0067,  # rlhf_ppo.sh --kl_coef 0.0067, fixed controller
         adaptive_kl=False,

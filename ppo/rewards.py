@@ -5,7 +5,7 @@ token. Everything between those two lives here, in the order the training loop a
 
 - **Missing-EOS handling** (`apply_missing_eos`): a response that ran out of tokens before
   emitting a stop token is either left alone, penalised by a constant (TRL's
-  `missing_eos_penalty`), or given a fixed low score (AlpacaFarm; "The N+ Implementation
+  `missing_eos_penalty`), or given a fixed low score (OpenAI lm-human-preferences; "The N+ Implementation
   Details of RLHF with PPO"), so the policy cannot farm reward with unfinished answers.
 - **Score clipping** (`clip_scores`): clamp reward-model scores to `[-clip, clip]` so a
   few outliers cannot dominate a batch.
@@ -44,7 +44,7 @@ def apply_missing_eos(
 
     - `"none"`: scores unchanged.
     - `"penalty"`: subtract `penalty` from truncated responses (TRL's `missing_eos_penalty`).
-    - `"replace"`: a truncated response gets `replace_value` whatever its score (AlpacaFarm;
+    - `"replace"`: a truncated response gets `replace_value` whatever its score (OpenAI lm-human-preferences;
       "The N+ Implementation Details of RLHF with PPO" use a fixed -1).
 
     Args:

@@ -317,6 +317,9 @@ class RLTrainer:
             if cfg.whiten_advantages and cfg.whiten_advantages_per_minibatch:
                 micro_batches = self._whiten_minibatch_advantages(micro_batches)
             approx_kls = []
+            # Weight each micro-batch so the accumulated gradient equals one big minibatch:
+            # by its share of tokens under token_mean, by its share of sequences otherwise.
+            minibatch_tokens = sum(float(m["loss_mask"].sum()) for m in micro_batches)
             for micro in micro_batches:
                 args = (micro["query_ids"], micro["query_mask"], micro["response_ids"], micro["response_mask"])
                 logprobs, entropy = response_logprobs(self.policy, *args, temperature=temperature, with_entropy=True)
@@ -344,7 +347,11 @@ class RLTrainer:
                     # One backward for both: the critic's graph is separate, so its gradients
                     # only reach the critic's parameters, scaled by vf_coef.
                     loss = loss + cfg.vf_coef * vf_loss
-                self.accelerator.backward(loss / cfg.gradient_accumulation_steps)
+                if cfg.loss_agg == "token_mean":
+                    weight = float(micro["loss_mask"].sum()) / max(minibatch_tokens, 1.0)
+                else:
+                    weight = 1.0 / cfg.gradient_accumulation_steps
+                self.accelerator.backward(loss * weight)
                 approx_kls.append(metrics.get("approx_kl", 0.0))
                 for key, value in metrics.items():
                     sums[key] += float(value)

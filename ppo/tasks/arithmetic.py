@@ -40,17 +40,23 @@ LEVELS: tuple[tuple[int, int], ...] = ((2, 1), (3, 1), (4, 1), (3, 2))
 _ANSWER_RE = re.compile(r"#(-?\d+)\s*$")
 
 
-def solve_with_scratchpad(operands: Sequence[int], num_checks: int) -> str:
+def solve_with_scratchpad(operands: Sequence[int], num_checks: int, slips: Sequence[int] = ()) -> str:
     """The demonstration response for a sum: running totals, re-checks, answer.
+
+    `slips[i]` (default 0) is added to the result of step i: a demonstrator's arithmetic
+    slip, carried through the remaining steps so the final answer is wrong.
 
     >>> solve_with_scratchpad([27, 5, 8], num_checks=1)
     '27+5=32;32+8=40;chk40;#40'
+    >>> solve_with_scratchpad([27, 5, 8], num_checks=0, slips=[0, -1])
+    '27+5=32;32+8=39;#39'
     """
     steps = []
     total = operands[0]
-    for operand in operands[1:]:
-        steps.append(f"{total}+{operand}={total + operand}")
-        total += operand
+    for i, operand in enumerate(operands[1:]):
+        result = max(0, total + operand + (slips[i] if i < len(slips) else 0))
+        steps.append(f"{total}+{operand}={result}")
+        total = result
     steps += [f"{CHECK_PREFIX}{total}"] * num_checks
     return STEP_SEPARATOR.join(steps) + f"{STEP_SEPARATOR}{ANSWER_MARKER}{total}"
 
@@ -75,6 +81,12 @@ class ArithmeticTask:
     Args:
         levels: (operands, digits) per level; training problems draw a level uniformly.
         max_checks: demonstrations use 0..max_checks optional ``chk`` steps, uniformly.
+        slip_rate: probability that a demonstration step's result is off by 1-3 (a noisy
+            demonstrator). A policy imitating such demonstrations slips at about this rate
+            per step when it samples, but its most likely token is the right one, so RL with
+            the verifiable reward has a real, learnable gap to close: greedy accuracy is
+            well above sampled accuracy. Held-out problems are always scored against the
+            true sum.
         eval_size: held-out problems (split equally across levels).
         eval_seed: seed of the held-out set; training problems that collide with it are
             redrawn so the held-out accuracy measures generalisation.
@@ -82,6 +94,7 @@ class ArithmeticTask:
 
     levels: tuple[tuple[int, int], ...] = LEVELS
     max_checks: int = 3
+    slip_rate: float = 0.0
     eval_size: int = 256
     eval_seed: int = 1234
     name: str = "arithmetic"
@@ -93,6 +106,8 @@ class ArithmeticTask:
                 raise ValueError(
                     f"levels[{i}]: need at least 2 operands and 1-4 digits, got {(operands, digits)}"
                 )
+        if not 0.0 <= self.slip_rate < 1.0:
+            raise ValueError(f"slip_rate: must be in [0, 1), got {self.slip_rate}")
         if self.max_checks < 0:
             raise ValueError(f"max_checks: must be >= 0, got {self.max_checks}")
         if self.eval_size < len(self.levels):
@@ -107,11 +122,13 @@ class ArithmeticTask:
         operands = [rng.randint(low, 10**digits - 1) for _ in range(operands_count)]
         prompt = "+".join(map(str, operands)) + "="
         num_checks = rng.randint(0, self.max_checks)
+        slips = [rng.choice((-3, -2, -1, 1, 2, 3)) if rng.random() < self.slip_rate else 0
+                 for _ in range(operands_count - 1)]
         return Problem(
             prompt=prompt,
             answer=str(sum(operands)),
             level=level,
-            demonstration=solve_with_scratchpad(operands, num_checks),
+            demonstration=solve_with_scratchpad(operands, num_checks, slips),
             meta={"operands": operands},
         )
 

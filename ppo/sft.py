@@ -48,7 +48,7 @@ class SFTConfig:
     model: TinyModelConfig = field(default_factory=TinyModelConfig)
     levels: tuple = LEVELS
     max_checks: int = 3
-    slip_rate: float = 0.3  # noisy demonstrator (see ArithmeticTask.slip_rate)
+    slip_rate: float = 0.2  # noisy demonstrator (see ArithmeticTask.slip_rate)
     max_new_tokens: int = 64  # generation budget for evaluation (and the RL default)
     threads: int = 2  # torch intra-op threads: fixed so the result is deterministic
 

@@ -1,0 +1,133 @@
+"""Toggles that live in the training loop, each shown to change what it claims to change.
+
+Small runs on a tiny random model; the math toggles are tested in their own modules.
+"""
+
+import pytest
+import torch
+
+from ppo.config import PPOConfig, preset
+from ppo.trainer import RLTrainer
+
+TINY = dict(rollout_batch_size=8, response_length=10, eval_size=4, eval_every=0, total_steps=2, save_every=0,
+            progress=False, log_samples=1, lr=1e-3)
+
+
+def count_ones(prompts, responses):
+    return [float(r.count("1")) for r in responses]
+
+
+PROMPTS = ["1+1=", "2+3=", "9+9=", "11+1="]
+
+
+def trainer(tmp_path, tiny_model_dir, **overrides):
+    config = PPOConfig(task="custom", model_path=str(tiny_model_dir), output_dir=str(tmp_path / "run"),
+                       **{**TINY, **overrides})
+    return RLTrainer(config, prompts=PROMPTS, reward_fn=count_ones)
+
+
+def params(model):
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_value_init_modes(tmp_path, tiny_model_dir):
+    from_policy = trainer(tmp_path, tiny_model_dir, value_init="policy")
+    random_init = trainer(tmp_path, tiny_model_dir, value_init="random", seed=5)  # seed 0 built the fixture
+    policy_first = next(from_policy.policy.base_model.parameters())
+    assert torch.equal(next(from_policy.value_model.backbone.parameters()), policy_first)
+    assert not torch.equal(next(random_init.value_model.backbone.parameters()), policy_first)
+    assert from_policy.value_model.head.weight.abs().sum() == 0  # zeroed head
+
+
+def test_separate_or_shared_value_optimizer(tmp_path, tiny_model_dir):
+    separate = trainer(tmp_path, tiny_model_dir, value_lr=5e-4)
+    assert separate.value_optimizer is not None
+    assert separate.value_optimizer.param_groups[0]["lr"] == 5e-4
+    shared = trainer(tmp_path, tiny_model_dir, separate_value_optimizer=False)
+    assert shared.value_optimizer is None and len(shared.policy_optimizer.param_groups) == 2
+    n_value = sum(1 for _ in shared.value_model.parameters())
+    assert len(shared.policy_optimizer.param_groups[1]["params"]) == n_value
+
+
+def test_no_value_model_for_group_estimators(tmp_path, tiny_model_dir):
+    grpo = trainer(tmp_path, tiny_model_dir, advantage_estimator="grpo", group_size=4)
+    assert grpo.value_model is None and grpo.value_optimizer is None
+    metrics = grpo.train_step()
+    assert "vf_loss" not in metrics and "time_value_forward" not in metrics
+
+
+def test_temperature_scaling_changes_old_logprobs(tmp_path, tiny_model_dir):
+    entropies = {}
+    for scale in (True, False):
+        torch.manual_seed(0)
+        run = trainer(tmp_path / str(scale), tiny_model_dir, temperature=2.0, scale_logits_by_temperature=scale)
+        entropies[scale] = run.train_step()["entropy_rollout"]
+    # Same seed, same samples; dividing logits by T=2 flattens the distribution, so the
+    # sampled tokens' log-probs are lower (higher surprisal) than with T=1 logits.
+    assert entropies[True] > entropies[False]
+
+
+def test_logprobs_from_generation_match_recomputed(tmp_path, tiny_model_dir):
+    values = {}
+    for from_generation in (False, True):
+        torch.manual_seed(0)
+        run = trainer(tmp_path / str(from_generation), tiny_model_dir, logprobs_from_generation=from_generation,
+                      temperature=0.7)
+        values[from_generation] = run.train_step()["entropy_rollout"]
+    assert values[True] == pytest.approx(values[False], abs=1e-4)
+
+
+def test_mask_truncated_responses_removes_them_from_the_loss(tmp_path, tiny_model_dir, monkeypatch):
+    import ppo.trainer as trainer_module
+
+    seen = {}
+    real_generate, real_policy_loss = trainer_module.generate, trainer_module.policy_loss
+
+    def spy_generate(*args, **kwargs):
+        seen["rollout"] = real_generate(*args, **kwargs)
+        return seen["rollout"]
+
+    def spy_policy_loss(logprobs, old_logprobs, advantages, mask, **kwargs):
+        seen["loss_mask"] = mask.detach().clone()
+        return real_policy_loss(logprobs, old_logprobs, advantages, mask, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "generate", spy_generate)
+    monkeypatch.setattr(trainer_module, "policy_loss", spy_policy_loss)
+    for toggle in (True, False):
+        run = trainer(tmp_path / str(toggle), tiny_model_dir, mask_truncated_responses=toggle)
+        run.train_step()
+        rollout = seen["rollout"]
+        truncated = ~rollout.has_eos
+        assert truncated.any()  # a random tiny model rarely stops within 10 tokens
+        rows_in_loss = seen["loss_mask"].sum(-1) > 0  # one minibatch of all 8 rows, in shuffled order
+        assert int(rows_in_loss.sum()) == (int(rollout.has_eos.sum()) if toggle else len(rollout))
+
+
+def test_difficulty_filter_masks_groups(tmp_path, tiny_model_dir):
+    # Reward = correctness of "count_ones > 0"; the band (0, 1) keeps only mixed groups.
+    run = trainer(tmp_path, tiny_model_dir, advantage_estimator="grpo", group_size=4, difficulty_filter=True,
+                  retire_mastered=True)
+    metrics = run.train_step()
+    assert 0.0 <= metrics["kept_group_frac"] <= 1.0
+    assert metrics["zero_advantage_group_frac_kept"] == 0.0 or metrics["kept_group_frac"] == 0.0
+    assert "retired_prompts" in metrics
+
+
+def test_target_kl_stops_the_epochs_early(tmp_path, tiny_model_dir):
+    run = trainer(tmp_path, tiny_model_dir, ppo_epochs=8, num_minibatches=2, lr=5e-2, target_kl=1e-6)
+    assert run.train_step()["early_stopped"] == 1.0
+    free = trainer(tmp_path / "free", tiny_model_dir, ppo_epochs=8, num_minibatches=2, lr=5e-2)
+    assert free.train_step()["early_stopped"] == 0.0
+
+
+def test_dropout_is_disabled_unless_asked(tmp_path, tiny_model_dir):
+    run = trainer(tmp_path, tiny_model_dir)
+    assert all(m.p == 0.0 for m in run.policy.modules() if isinstance(m, torch.nn.Dropout))
+
+
+def test_top_k_one_is_greedy(tmp_path, tiny_model_dir):
+    torch.manual_seed(0)
+    run = trainer(tmp_path, tiny_model_dir, top_k=1, advantage_estimator="rloo", group_size=4)
+    metrics = run.train_step()
+    # with top_k=1 every sample of a group is the same greedy response: rewards are equal
+    assert metrics["advantage_abs_mean"] == 0.0

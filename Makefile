@@ -8,6 +8,7 @@ PY := $(VENV)/bin/python
 # pull a multi-GB CUDA build. The package itself only asks for a range (setup.cfg).
 TORCH_PIN ?= torch==2.13.0
 PYTEST_ARGS ?=
+export TOKENIZERS_PARALLELISM = false
 
 .PHONY: demo test test-all install clean
 
@@ -22,6 +23,7 @@ install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(PY) -m ppo.sft
+	$(PY) -m ablations run quick --seeds 2 --out sweeps/quick
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q $(PYTEST_ARGS)

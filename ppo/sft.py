@@ -12,6 +12,7 @@ Run ``ppo-sft`` (or ``python -m ppo.sft``) to build the warm start and print its
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -154,6 +155,20 @@ def warm_start(config: SFTConfig | None = None, cache_dir: str | Path | None = N
     output_dir = cache_dir / "sft" / config.cache_key()
     if (output_dir / "sft_info.json").is_file() and not force:
         return output_dir
+    # Several runs of a sweep may start at once on a fresh machine: one trains, the others
+    # wait on the lock and then find the finished checkpoint.
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(output_dir.parent / f"{config.cache_key()}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if (output_dir / "sft_info.json").is_file() and not force:
+                return output_dir
+            return _train_and_save(config, output_dir, progress)
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def _train_and_save(config: SFTConfig, output_dir: Path, progress: bool) -> Path:
     start = time.perf_counter()
     model, tokenizer = train_sft(config, progress=progress)
     train_seconds = time.perf_counter() - start

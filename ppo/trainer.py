@@ -287,6 +287,7 @@ class RLTrainer:
             **update_metrics,
         }
         metrics.update(filter_metrics)
+        metrics.update(self._per_level_advantage(problems, advantages, response_mask))
         if values is not None:
             metrics["value_mean"] = _masked_mean(values, response_mask)
             metrics["explained_variance"] = explained_variance(values, returns, response_mask)
@@ -362,6 +363,26 @@ class RLTrainer:
         averaged = {key: value / max(count, 1) for key, value in sums.items()}
         averaged["early_stopped"] = float(stop_early)
         return averaged
+
+    @staticmethod
+    def _per_level_advantage(problems, advantages: torch.Tensor, response_mask: torch.Tensor) -> dict:
+        """Mean |advantage| per difficulty level: where the gradient weight goes.
+
+        Dividing by the group std (GRPO) inflates the advantages of groups with a small
+        spread: prompts the policy almost always or almost never solves (Dr. GRPO).
+        """
+        levels = [p.level for p in problems]
+        if any(level is None for level in levels):
+            return {}
+        per_sample = (advantages.abs() * response_mask).sum(-1) / response_mask.sum(-1).clamp(min=1)  # [B]
+        level_ids = torch.tensor(levels, device=per_sample.device)
+        total = float(per_sample.sum())
+        metrics = {}
+        for level in sorted(set(levels)):
+            chosen = per_sample[level_ids == level]
+            metrics[f"adv_abs_level{level}"] = float(chosen.mean())
+            metrics[f"adv_share_level{level}"] = float(chosen.sum()) / total if total > 0 else float("nan")
+        return metrics
 
     # ====================================================================================
     # Plumbing: models, optimisers, devices

@@ -1,0 +1,142 @@
+"""``python -m ablations``: list the named ablations, sweep them over seeds, report, benchmark.
+
+Commands::
+
+    python -m ablations list
+    python -m ablations run NAME [NAME ...] [--seeds 3] [--steps N] [--workers N] [--out DIR]
+    python -m ablations report DIR
+    python -m ablations bench [--steps 8] [--presets alpacafarm grpo]
+
+``run`` writes one ``ppo-train`` run directory per variant x seed under ``DIR/<ablation>/``
+(default ``DIR = sweeps/<first NAME>``), skips runs that are already complete and retries
+failed ones (see `ablations.runner`), then builds the report: ``results.csv``,
+``report.md`` (mean and spread over seeds) and ``plots/`` in DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+# Exit code for a bad command line (unknown ablation, missing directory), as argparse uses.
+USAGE_ERROR = 2
+
+
+def _known_ablations() -> dict:
+    """Name -> Ablation, from the registry (imported here so ``bench`` does not need it)."""
+    from .registry import ABLATIONS
+
+    return ABLATIONS
+
+
+def _unknown_names_message(unknown: list[str], known: dict) -> str:
+    listing = "\n".join(f"  {name}" for name in sorted(known))
+    return (f"unknown ablation{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}\n"
+            f"known ablations (python -m ablations list):\n{listing}")
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    ablations = _known_ablations()
+    if not ablations:
+        print("no ablations registered")
+        return 0
+    width = max(len(name) for name in ablations)
+    for name, ablation in ablations.items():
+        count = len(ablation.variants)
+        print(f"{name:<{width}}  {count:>2} variant{'s' if count != 1 else ' '}  {ablation.question}")
+    return 0
+
+
+def _build_and_show_report(sweep_dir: Path) -> int:
+    """Build results.csv, report.md and plots/; print the tables and where the files are."""
+    from .report import build_report, format_table
+
+    try:
+        report_path = Path(build_report(sweep_dir))
+    except (ValueError, FileNotFoundError) as error:  # e.g. a directory with no finished runs
+        print(f"report: {error}", file=sys.stderr)
+        return 1
+    print(format_table(sweep_dir))
+    print(f"\nreport: {report_path}")
+    print(f"plots:  {report_path.parent / 'plots'}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    known = _known_ablations()
+    names = list(dict.fromkeys(args.names))
+    unknown = [name for name in names if name not in known]
+    if unknown:
+        print(_unknown_names_message(unknown, known), file=sys.stderr)
+        return USAGE_ERROR
+    from .runner import run_sweep
+
+    sweep_dir = Path(args.out) if args.out else Path("sweeps") / names[0]
+    result = run_sweep([known[name] for name in names], sweep_dir, seeds=args.seeds, steps=args.steps,
+                       workers=args.workers, timeout=args.timeout, progress=True)
+    if not result.completed and not result.skipped:
+        print("no run completed: nothing to report", file=sys.stderr)
+        return 1
+    print()
+    status = _build_and_show_report(sweep_dir)
+    # A sweep with failed runs still gets its report (from the runs that finished), but the
+    # exit code says it is incomplete so scripts do not mistake it for a full result.
+    return 1 if result.failed else status
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    sweep_dir = Path(args.dir)
+    if not sweep_dir.is_dir():
+        print(f"{sweep_dir}: no such sweep directory", file=sys.stderr)
+        return USAGE_ERROR
+    return _build_and_show_report(sweep_dir)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (got {text})")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m ablations", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    listing = commands.add_parser("list", help="the named ablations: variants and the question each asks")
+    listing.set_defaults(handler=cmd_list)
+
+    run = commands.add_parser("run", help="sweep ablations over variants x seeds, then build the report")
+    run.add_argument("names", nargs="+", metavar="NAME", help="ablation name(s) (see `list`)")
+    run.add_argument("--seeds", type=_positive_int, default=3, help="seeds per variant (1..N)")
+    run.add_argument("--steps", type=_positive_int, default=None,
+                     help="RL steps per run (default: the ablation's own, else the preset's testbed value)")
+    run.add_argument("--workers", type=_positive_int, default=None,
+                     help="concurrent runs (default: one per CPU core); each gets cpu_count // workers threads")
+    run.add_argument("--timeout", type=float, default=None, help="seconds before a run is killed and marked failed")
+    run.add_argument("--out", default=None, help="sweep directory (default: sweeps/<first NAME>)")
+    run.set_defaults(handler=cmd_run)
+
+    report = commands.add_parser("report", help="build results.csv, report.md and plots/ for a sweep directory")
+    report.add_argument("dir", metavar="DIR")
+    report.set_defaults(handler=cmd_report)
+
+    # Listed for --help only: main() hands `bench` and everything after it to ablations.bench.
+    commands.add_parser("bench", help="step-time benchmark (python -m ablations bench --help)", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "bench":
+        from .bench import main as bench_main
+
+        return bench_main(argv[1:]) or 0
+    args = build_parser().parse_args(argv)
+    return args.handler(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,194 @@
+"""The registry of named ablations: a question, variants as config overrides, a metric.
+
+Each ablation answers one question a researcher asks about an implementation detail
+("does clipping the KL at zero matter?"). A variant is a preset plus `PPOConfig`
+overrides, always scaled for the CPU testbed; the ablation names the metrics.jsonl key
+that answers its question, so the report can plot it next to the learning curves.
+
+Adding an ablation is adding one `register(...)` call; the runner and the report need no
+change. ``python -m ablations list`` prints them all.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ppo.config import PPOConfig, preset
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One arm of an ablation: a preset and the fields it changes."""
+
+    name: str
+    preset: str
+    overrides: dict = field(default_factory=dict, hash=False)
+
+
+@dataclass(frozen=True)
+class Ablation:
+    name: str
+    question: str
+    variants: tuple[Variant, ...]
+    metric: str
+    extra_metrics: tuple[str, ...] = ()
+    steps: int | None = None  # None: the preset's testbed value
+
+    def config(self, variant: Variant, seed: int, output_dir: str, steps: int | None = None) -> PPOConfig:
+        """The full config of one run of `variant`."""
+        overrides = dict(variant.overrides)
+        total_steps = steps or self.steps
+        if total_steps is not None:
+            overrides["total_steps"] = total_steps
+        return preset(variant.preset, testbed=True, seed=seed, output_dir=output_dir, progress=False, **overrides)
+
+    def variant(self, name: str) -> Variant:
+        for variant in self.variants:
+            if variant.name == name:
+                return variant
+        raise ValueError(f"ablation {self.name!r} has no variant {name!r}; variants: {[v.name for v in self.variants]}")
+
+
+ABLATIONS: dict[str, Ablation] = {}
+
+
+def register(name: str, question: str, variants: list[Variant], metric: str,
+             extra_metrics: tuple[str, ...] = (), steps: int | None = None) -> Ablation:
+    if name in ABLATIONS:
+        raise ValueError(f"ablation {name!r} is already registered")
+    names = [v.name for v in variants]
+    if len(set(names)) != len(names):
+        raise ValueError(f"ablation {name!r}: duplicate variant names {names}")
+    ablation = Ablation(name, question, tuple(variants), metric, tuple(extra_metrics), steps)
+    ABLATIONS[name] = ablation
+    return ablation
+
+
+def get_ablation(name: str) -> Ablation:
+    if name not in ABLATIONS:
+        raise ValueError(f"unknown ablation {name!r}; known: {', '.join(sorted(ABLATIONS))}")
+    return ABLATIONS[name]
+
+
+PPO, GRPO = "alpacafarm", "grpo"
+LEVELS = tuple(range(4))
+
+# ---------------------------------------------------------------------- PPO vs the GRPO family
+register(
+    "ppo_vs_grpo",
+    "At equal samples, how do AlpacaFarm-style PPO (with a critic), GRPO, Dr. GRPO and RLOO compare?",
+    [Variant("ppo", PPO), Variant("grpo", "grpo"), Variant("dr_grpo", "dr_grpo"), Variant("rloo", "rloo")],
+    metric="accuracy", extra_metrics=("kl_k1", "response_length", "entropy"),
+)
+
+# ---------------------------------------------------------------------- PPO tricks
+register(
+    "kl_clip_at_zero",
+    "Does clamping the per-token KL at zero (AlpacaFarm) change the KL actually incurred?",
+    [Variant("clip", PPO, {"kl_clip_at_zero": True}), Variant("no_clip", PPO, {"kl_clip_at_zero": False})],
+    metric="kl", extra_metrics=("kl_k1", "accuracy"),
+)
+register(
+    "gamma_lambda",
+    "gamma = lambda = 1 (a bandit, AlpacaFarm) vs GAE with lambda 0.95 (TRL) vs discounting.",
+    [Variant("g1_l1", PPO, {"gamma": 1.0, "lam": 1.0}), Variant("g1_l095", PPO, {"gamma": 1.0, "lam": 0.95}),
+     Variant("g099_l095", PPO, {"gamma": 0.99, "lam": 0.95})],
+    metric="accuracy", extra_metrics=("explained_variance", "value_error"),
+)
+register(
+    "whitening",
+    "Do reward whitening and advantage whitening help?",
+    [Variant("both", PPO, {"whiten_rewards": True, "whiten_advantages": True}),
+     Variant("rewards_only", PPO, {"whiten_rewards": True, "whiten_advantages": False}),
+     Variant("advantages_only", PPO, {"whiten_rewards": False, "whiten_advantages": True}),
+     Variant("neither", PPO, {"whiten_rewards": False, "whiten_advantages": False})],
+    metric="accuracy", extra_metrics=("advantage_abs_mean", "vf_loss"),
+)
+register(
+    "value_clip",
+    "Does clipping the value update around the old values help the critic?",
+    [Variant("clip_0.2", PPO, {"cliprange_value": 0.2}), Variant("no_clip", PPO, {"cliprange_value": None})],
+    metric="explained_variance", extra_metrics=("vf_clipfrac", "value_error", "accuracy"),
+)
+register(
+    "kl_estimator",
+    "k1, k2 or k3 as the per-token KL penalty in the reward?",
+    [Variant(k, PPO, {"kl_estimator": k, "kl_clip_at_zero": False, "kl_coef": 0.05}) for k in ("k1", "k2", "k3")],
+    metric="kl_k1", extra_metrics=("kl", "accuracy"),
+)
+register(
+    "kl_placement",
+    "KL as a per-token reward penalty (PPO) or as a loss term (GRPO)?",
+    [Variant("reward", PPO, {"kl_placement": "reward", "kl_estimator": "k1", "kl_clip_at_zero": False, "kl_coef": 0.05}),
+     Variant("loss", PPO, {"kl_placement": "loss", "kl_estimator": "k3", "kl_clip_at_zero": False, "kl_coef": 0.05})],
+    metric="kl_k1", extra_metrics=("accuracy",),
+)
+register(
+    "value_init",
+    "Critic initialised from the SFT policy with a zeroed head, or from scratch? (Reward-model init needs a reward model.)",
+    [Variant("policy", PPO, {"value_init": "policy"}), Variant("random", PPO, {"value_init": "random"})],
+    metric="explained_variance", extra_metrics=("value_error", "accuracy"),
+)
+register(
+    "value_optimizer",
+    "A separate optimizer for the critic vs one optimizer (and one grad-norm clip) shared with the policy.",
+    [Variant("separate", PPO, {"separate_value_optimizer": True}), Variant("shared", PPO, {"separate_value_optimizer": False})],
+    metric="explained_variance", extra_metrics=("value_error", "accuracy"),
+)
+register(
+    "temperature_logprobs",
+    "Sampling at T = 0.7: must log-probs use logits / T? (Unscaled log-probs train on a different distribution.)",
+    [Variant("scaled", PPO, {"temperature": 0.7, "scale_logits_by_temperature": True}),
+     Variant("unscaled", PPO, {"temperature": 0.7, "scale_logits_by_temperature": False})],
+    metric="accuracy", extra_metrics=("kl_k1", "entropy"),
+)
+register(
+    "missing_eos",
+    "Responses cut off without EOS: keep their score, subtract a penalty (TRL), or replace it (N+ details)?",
+    [Variant(mode, PPO, {"missing_eos": mode, "response_length": 32}) for mode in ("none", "penalty", "replace")],
+    metric="eos_rate", extra_metrics=("response_length", "accuracy"),
+)
+register(
+    "ppo_epochs",
+    "How many passes over each rollout batch?",
+    [Variant(f"epochs_{n}", PPO, {"ppo_epochs": n}) for n in (1, 2, 4)],
+    metric="accuracy", extra_metrics=("clipfrac", "approx_kl", "kl_k1"),
+)
+
+# ---------------------------------------------------------------------- GRPO-family tricks
+register(
+    "grpo_std_norm",
+    "Dividing by the group std: where does the gradient weight go across difficulty levels?",
+    [Variant("std", GRPO, {"grpo_scale": "group"}), Variant("no_std", GRPO, {"grpo_scale": "none"})],
+    metric="accuracy",
+    extra_metrics=tuple(f"adv_share_level{k}" for k in LEVELS) + tuple(f"adv_abs_level{k}" for k in LEVELS),
+)
+register(
+    "length_norm",
+    "GRPO's per-sequence length normalisation vs Dr. GRPO's constant normaliser: do wrong answers grow longer?",
+    [Variant("per_sequence", GRPO, {"loss_agg": "seq_mean_token_mean"}),
+     Variant("constant", GRPO, {"loss_agg": "seq_mean_token_sum_norm"})],
+    metric="response_length_incorrect", extra_metrics=("response_length_correct", "accuracy"),
+)
+register(
+    "kimi_length_reward",
+    "Kimi k1.5's in-group length reward: shorter correct answers without hurting accuracy?",
+    [Variant("off", GRPO, {"length_reward_coef": 0.0}), Variant("on", GRPO, {"length_reward_coef": 0.5})],
+    metric="response_length_correct", extra_metrics=("response_length_incorrect", "accuracy"),
+)
+register(
+    "difficulty_filter",
+    "Dropping groups every sample solved (or none did): fewer wasted groups, better accuracy per sample?",
+    [Variant("off", GRPO, {"difficulty_filter": False}),
+     Variant("on", GRPO, {"difficulty_filter": True, "retire_mastered": True})],
+    metric="zero_advantage_group_frac_kept", extra_metrics=("zero_advantage_group_frac", "kept_group_frac", "accuracy"),
+)
+
+# ---------------------------------------------------------------------- the demo
+register(
+    "quick",
+    "Quick cross-section for the demo: PPO and GRPO from the same SFT start.",
+    [Variant("ppo", PPO), Variant("grpo", "grpo")],
+    metric="accuracy", extra_metrics=("kl_k1", "response_length"),
+    steps=60,
+)

@@ -1,0 +1,382 @@
+"""The sweep runner: every variant of one or more ablations x seeds, one process per run.
+
+A sweep directory holds one ordinary ``ppo-train`` run directory per (ablation, variant, seed)::
+
+    SWEEP_DIR/sweep.json                          what was asked for (ablations, seeds, steps, command)
+    SWEEP_DIR/<ablation>/<variant>/seed<k>/       one run: config.yaml, metrics.jsonl, summary.json ...
+        requested_config.yaml                     the config the runner launched it with
+        stdout.log                                everything the run printed, appended per attempt
+        error.txt                                 only after a failed attempt: exit code + stderr tail
+
+Each run is a separate ``python -m ppo.cli`` process, so a crash, an out-of-memory kill or a
+hung run costs one run, not the sweep, and each run gets a fresh interpreter (no state shared
+between runs through torch's global RNG or thread settings). The runs share the CPU evenly:
+each gets ``threads = max(1, cpu_count // workers)`` torch threads.
+
+Rerunning the same command continues a sweep:
+
+- a run whose directory holds ``summary.json`` is complete and is skipped;
+- a run that failed (``error.txt``) or was interrupted is redone. If its directory holds a
+  complete checkpoint written under the same config (``threads`` and ``progress`` aside, which
+  do not change the algorithm), it continues with ``--resume``; otherwise its directory is
+  cleared (``stdout.log`` kept, so earlier attempts stay readable) and it starts from scratch,
+  because a half-written ``metrics.jsonl`` from another config would silently mix two runs.
+
+A failing run never stops the sweep: it gets ``error.txt`` and is listed as failed in the
+`SweepResult`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterable
+
+from ppo.config import PPOConfig
+
+if TYPE_CHECKING:
+    from .registry import Ablation
+
+# Where ``python -m ppo.cli`` is importable from, whatever the caller's working directory.
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+# Lines of stderr kept in error.txt: enough for a full Python traceback.
+STDERR_TAIL_LINES = 60
+# Config fields that may differ between a checkpoint and a resumed attempt: they change how
+# fast a run goes or what it prints, not what it computes.
+RESUME_IGNORED_FIELDS = ("threads", "progress")
+
+
+@dataclass
+class RunSpec:
+    """One run of a sweep: which variant and seed, where it lives, and its full config."""
+
+    ablation: str
+    variant: str
+    seed: int
+    run_dir: Path
+    config: PPOConfig
+
+    @property
+    def label(self) -> str:
+        return f"{self.ablation}/{self.variant}/seed{self.seed}"
+
+    @property
+    def complete(self) -> bool:
+        """The trainer writes summary.json last, so its presence means the run finished."""
+        return (self.run_dir / "summary.json").is_file()
+
+
+@dataclass
+class RunOutcome:
+    """What happened to one run in this invocation: 'ok', 'failed' or 'skipped'."""
+
+    spec: RunSpec
+    status: str
+    returncode: int | None = None
+    error: str = ""  # first line of error.txt for failed runs
+    seconds: float = 0.0
+    resumed: bool = False
+
+
+@dataclass
+class SweepResult:
+    sweep_dir: Path
+    outcomes: list[RunOutcome] = field(default_factory=list)
+
+    def _with(self, status: str) -> list[RunOutcome]:
+        return [o for o in self.outcomes if o.status == status]
+
+    @property
+    def completed(self) -> list[RunOutcome]:
+        return self._with("ok")
+
+    @property
+    def skipped(self) -> list[RunOutcome]:
+        return self._with("skipped")
+
+    @property
+    def failed(self) -> list[RunOutcome]:
+        return self._with("failed")
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def summary(self) -> str:
+        lines = [f"sweep {self.sweep_dir}: {len(self.completed)} completed, {len(self.skipped)} skipped "
+                 f"(already complete), {len(self.failed)} failed, {len(self.outcomes)} runs in all"]
+        for outcome in self.failed:
+            lines.append(f"  FAILED {outcome.spec.run_dir}: {outcome.error}")
+        if self.failed:
+            lines.append("  (see error.txt and stdout.log in each run dir; rerun the same command to retry)")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------- planning
+def resolve_ablation(ablation: "str | Ablation") -> "Ablation":
+    """A registry name or an `Ablation` object -> the `Ablation`."""
+    if isinstance(ablation, str):
+        from .registry import get_ablation
+
+        return get_ablation(ablation)
+    return ablation
+
+
+def plan_runs(ablation: "str | Ablation", seeds: int, steps: int | None, sweep_dir: str | Path) -> list[RunSpec]:
+    """Every (variant, seed) of `ablation` for seeds 1..`seeds`, variant-major.
+
+    Seeds start at 1 so that seed 0 (the PPOConfig default, used by tests and quick runs)
+    never silently doubles as a sweep seed.
+    """
+    if not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"seeds must be a positive integer (got {seeds!r})")
+    if steps is not None and (not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"steps must be a positive integer or None (got {steps!r})")
+    ablation = resolve_ablation(ablation)
+    specs = []
+    for variant in ablation.variants:
+        for seed in range(1, seeds + 1):
+            run_dir = Path(sweep_dir) / ablation.name / variant.name / f"seed{seed}"
+            config = ablation.config(variant, seed=seed, output_dir=str(run_dir), steps=steps)
+            specs.append(RunSpec(ablation.name, variant.name, seed, run_dir, config))
+    return specs
+
+
+# ---------------------------------------------------------------------------------- one run
+def _has_resumable_checkpoint(spec: RunSpec) -> bool:
+    """A complete checkpoint (state.json is written last) made under the same config."""
+    checkpoints = [c for c in (spec.run_dir / "checkpoints").glob("step_*") if (c / "state.json").is_file()]
+    saved = spec.run_dir / "config.yaml"
+    if not checkpoints or not saved.is_file():
+        return False
+    try:
+        previous = PPOConfig.from_yaml(saved).to_dict()
+    except (ValueError, TypeError, OSError):
+        return False
+    requested = spec.config.to_dict()
+    for name in RESUME_IGNORED_FIELDS:
+        previous.pop(name, None)
+        requested.pop(name, None)
+    return previous == requested
+
+
+def prepare_run_dir(spec: RunSpec) -> bool:
+    """Make `spec.run_dir` ready for an attempt; True when the attempt should ``--resume``.
+
+    Leftovers of an earlier attempt are cleared (the trainer refuses to start over an
+    existing metrics.jsonl), except stdout.log, which is appended to across attempts.
+    """
+    resume = spec.run_dir.is_dir() and _has_resumable_checkpoint(spec)
+    if spec.run_dir.is_dir() and not resume:
+        for entry in spec.run_dir.iterdir():
+            if entry.name == "stdout.log":
+                continue
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+    spec.run_dir.mkdir(parents=True, exist_ok=True)
+    (spec.run_dir / "error.txt").unlink(missing_ok=True)
+    spec.config.to_yaml(spec.run_dir / "requested_config.yaml")
+    return resume
+
+
+def run_command(spec: RunSpec, resume: bool = False) -> list[str]:
+    command = [sys.executable, "-m", "ppo.cli", "--config", str(spec.run_dir / "requested_config.yaml"),
+               "--output-dir", str(spec.run_dir)]
+    return command + ["--resume"] if resume else command
+
+
+# Processes still running, so an interrupted sweep can stop its own children.
+_live_processes: set[subprocess.Popen] = set()
+_live_lock = threading.Lock()
+
+
+def launch_run(spec: RunSpec, resume: bool = False, timeout: float | None = None) -> RunOutcome:
+    """Run one ``ppo.cli`` process to completion; stdout and stderr go to stdout.log.
+
+    stderr is read line by line (and copied to the log) so the tail of it, where Python puts
+    the traceback, can go to error.txt if the run fails.
+    """
+    command = run_command(spec, resume)
+    threads = str(spec.config.threads)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONUNBUFFERED": "1",  # keeps stdout and stderr lines in order in the shared log
+        # BLAS/OpenMP pools start before torch.set_num_threads runs; without these every run
+        # would briefly grab all cores and the concurrent runs would oversubscribe the CPU.
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+    stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+    timed_out = threading.Event()
+    start = time.perf_counter()
+    with open(spec.run_dir / "stdout.log", "a", encoding="utf-8") as log:
+        log.write(f"\n=== {datetime.now().isoformat(timespec='seconds')} {shlex.join(command)}\n")
+        log.flush()
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.PIPE, text=True, errors="replace",
+                                   env=env)
+        with _live_lock:
+            _live_processes.add(process)
+
+        def kill_on_timeout():
+            timed_out.set()
+            process.kill()
+
+        timer = threading.Timer(timeout, kill_on_timeout) if timeout else None
+        if timer:
+            timer.daemon = True
+            timer.start()
+        try:
+            for line in process.stderr:
+                log.write(line)
+                log.flush()
+                stderr_tail.append(line.rstrip("\n"))
+            returncode = process.wait()
+        finally:
+            if timer:
+                timer.cancel()
+            with _live_lock:
+                _live_processes.discard(process)
+    seconds = time.perf_counter() - start
+    if returncode == 0 and spec.complete:
+        return RunOutcome(spec, "ok", returncode, seconds=seconds, resumed=resume)
+
+    last_line = next((line.strip() for line in reversed(stderr_tail) if line.strip()), "")
+    if timed_out.is_set():
+        headline = f"timed out after {timeout:g} s (killed; exit code {returncode})"
+    elif returncode == 0:
+        headline = "exit code 0 but no summary.json was written"
+    else:
+        headline = f"exit code {returncode}" + (f": {last_line}" if last_line else "")
+    (spec.run_dir / "error.txt").write_text(
+        f"{headline}\ncommand: {shlex.join(command)}\n"
+        f"--- last {len(stderr_tail)} lines of stderr ---\n" + "\n".join(stderr_tail) + "\n")
+    return RunOutcome(spec, "failed", returncode, error=headline, seconds=seconds, resumed=resume)
+
+
+def _attempt(spec: RunSpec, timeout: float | None) -> RunOutcome:
+    try:
+        resume = prepare_run_dir(spec)
+    except OSError as error:  # e.g. an unwritable sweep dir: a failed run, not a dead sweep
+        return RunOutcome(spec, "failed", None, error=f"could not prepare run dir: {error}")
+    return launch_run(spec, resume=resume, timeout=timeout)
+
+
+# ---------------------------------------------------------------------------------- the sweep
+def _command_line() -> str:
+    """How this process was started, as a user would type it (``python -m ablations run ...``)."""
+    if not sys.argv or not sys.argv[0]:
+        return ""
+    program = Path(sys.argv[0])
+    head = ["python", "-m", program.parent.name] if program.name == "__main__.py" else [program.name]
+    return shlex.join([*head, *sys.argv[1:]])
+
+
+def _write_sweep_json(sweep_dir: Path, names: list[str], seeds: int, steps: int | None, workers: int) -> None:
+    """Record what was asked for; ablations accumulate so one dir can hold several sweeps."""
+    path = sweep_dir / "sweep.json"
+    previous = {}
+    if path.is_file():
+        try:
+            previous = json.loads(path.read_text())
+        except json.JSONDecodeError:
+            previous = {}
+    ablations = list(previous.get("ablations", []))
+    ablations += [name for name in names if name not in ablations]
+    record = {
+        "ablations": ablations,
+        "seeds": seeds,
+        "steps": steps,
+        "workers": workers,
+        "started": datetime.now().isoformat(timespec="seconds"),
+        "command": _command_line(),
+    }
+    path.write_text(json.dumps(record, indent=2) + "\n")
+
+
+def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path, seeds: int = 3,
+              steps: int | None = None, workers: int | None = None, timeout: float | None = None,
+              progress: bool = True) -> SweepResult:
+    """Run every variant x seed of the named ablations into `sweep_dir`; see the module doc.
+
+    `workers` concurrent runs (default: one per CPU core); `timeout` seconds per run (None:
+    no limit). Complete runs are skipped, failed ones retried. Returns the outcomes; with
+    `progress`, shows a progress bar and prints the summary.
+    """
+    from tqdm.auto import tqdm
+
+    ablations = [resolve_ablation(a) for a in ablation_names]
+    names = list(dict.fromkeys(a.name for a in ablations))
+    ablations = [next(a for a in ablations if a.name == name) for name in names]  # drop repeats
+    if not ablations:
+        raise ValueError("run_sweep: no ablations given")
+    cpu_count = os.cpu_count() or 1
+    workers = workers or cpu_count
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1 (got {workers})")
+    threads = max(1, cpu_count // workers)
+
+    sweep_dir = Path(sweep_dir)
+    specs = [spec for ablation in ablations for spec in plan_runs(ablation, seeds, steps, sweep_dir)]
+    for spec in specs:
+        spec.config = spec.config.replace(threads=threads)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    _write_sweep_json(sweep_dir, names, seeds, steps, workers)
+
+    result = SweepResult(sweep_dir)
+    pending = []
+    for spec in specs:
+        if spec.complete:
+            result.outcomes.append(RunOutcome(spec, "skipped"))
+        else:
+            pending.append(spec)
+
+    bar = tqdm(total=len(specs), desc=f"sweep {', '.join(names)}", unit="run", disable=not progress,
+               dynamic_ncols=True)
+
+    def show_counts():
+        bar.set_postfix(ok=len(result.completed), failed=len(result.failed), skipped=len(result.skipped))
+
+    bar.update(len(result.skipped))
+    show_counts()
+    executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sweep-run")
+    try:
+        futures = [executor.submit(_attempt, spec, timeout) for spec in pending]
+        for future in as_completed(futures):
+            outcome = future.result()
+            result.outcomes.append(outcome)
+            if outcome.status == "failed" and progress:
+                bar.write(f"failed: {outcome.spec.label}: {outcome.error}")
+            show_counts()
+            bar.update(1)
+    except KeyboardInterrupt:
+        # Queued runs must not start, and running children must not outlive the sweep.
+        executor.shutdown(wait=False, cancel_futures=True)
+        with _live_lock:
+            for process in list(_live_processes):
+                process.kill()
+        raise
+    finally:
+        executor.shutdown(wait=True)
+        bar.close()
+    # Report in plan order (variant-major), not completion order.
+    order = {id(spec): i for i, spec in enumerate(specs)}
+    result.outcomes.sort(key=lambda o: order[id(o.spec)])
+    if progress:
+        print(result.summary())
+    return result
+

@@ -1,0 +1,188 @@
+"""The sweep runner and ``python -m ablations``: skipping, failure isolation, retries, CLI.
+
+Most tests replace `launch_run` with a stand-in that writes what a finished run writes, so
+they check the runner's bookkeeping without training. One test launches real ``ppo.cli``
+processes: a variant that crashes at start next to a one-step run of the tiny model.
+"""
+
+import json
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import yaml
+
+import ablations.runner as runner
+from ablations.__main__ import main
+from ablations.registry import ABLATIONS, Ablation, Variant
+from ablations.runner import RunOutcome, plan_runs, run_sweep
+
+# One GRPO step on the tiny model: a few seconds in a subprocess.
+TINY = dict(rollout_batch_size=8, group_size=4, response_length=8, total_steps=1, eval_size=4, eval_every=0)
+
+
+def tiny_ablation(model_dir, broken=False) -> Ablation:
+    variants = [Variant("a", "grpo", {**TINY, "model_path": str(model_dir)}),
+                Variant("b", "grpo", {**TINY, "model_path": str(model_dir), "grpo_scale": "none"})]
+    if broken:
+        variants[0] = Variant("broken", "grpo", {**TINY, "model_path": str(model_dir / "does_not_exist")})
+    return Ablation("toy", "Does the runner work?", tuple(variants), metric="accuracy")
+
+
+@pytest.fixture
+def fake_launch(monkeypatch):
+    """Replace the subprocess launch: record each launch and write a summary.json."""
+    launches = []
+
+    def launch(spec, resume=False, timeout=None):
+        launches.append({"label": spec.label, "resume": resume,
+                         "leftovers": sorted(p.name for p in spec.run_dir.iterdir())})
+        (spec.run_dir / "summary.json").write_text("{}")
+        return RunOutcome(spec, "ok", 0, resumed=resume)
+
+    monkeypatch.setattr(runner, "launch_run", launch)
+    return launches
+
+
+def test_plan_runs_layout_and_configs(tmp_path):
+    ablation = tiny_ablation(tmp_path)
+    specs = plan_runs(ablation, seeds=2, steps=3, sweep_dir=tmp_path / "sweep")
+    assert [s.label for s in specs] == ["toy/a/seed1", "toy/a/seed2", "toy/b/seed1", "toy/b/seed2"]
+    assert specs[3].run_dir == tmp_path / "sweep" / "toy" / "b" / "seed2"
+    assert specs[3].config.seed == 2 and specs[3].config.total_steps == 3
+    assert specs[3].config.output_dir == str(specs[3].run_dir) and specs[3].config.grpo_scale == "none"
+    with pytest.raises(ValueError, match="seeds"):
+        plan_runs(ablation, seeds=0, steps=None, sweep_dir=tmp_path)
+
+
+def test_completed_runs_are_skipped(tmp_path, fake_launch):
+    sweep = tmp_path / "sweep"
+    done = sweep / "toy" / "a" / "seed1"
+    done.mkdir(parents=True)
+    (done / "summary.json").write_text("{}")
+    (done / "metrics.jsonl").write_text('{"step": 0}\n')
+
+    result = run_sweep([tiny_ablation(tmp_path)], sweep, seeds=2, workers=1, progress=False)
+    assert sorted(l["label"] for l in fake_launch) == ["toy/a/seed2", "toy/b/seed1", "toy/b/seed2"]
+    assert [o.spec.label for o in result.skipped] == ["toy/a/seed1"]
+    assert len(result.completed) == 3 and result.ok
+    assert (done / "metrics.jsonl").read_text() == '{"step": 0}\n'  # a complete run is left untouched
+    # Each launched run got its config on disk first, with threads = cpu_count // workers.
+    written = yaml.safe_load((sweep / "toy" / "b" / "seed2" / "requested_config.yaml").read_text())
+    assert written["seed"] == 2 and written["threads"] == max(1, runner.os.cpu_count() or 1)
+    recorded = json.loads((sweep / "sweep.json").read_text())
+    assert recorded["ablations"] == ["toy"] and recorded["seeds"] == 2 and recorded["steps"] is None
+    assert "started" in recorded and "command" in recorded
+
+    fake_launch.clear()
+    again = run_sweep([tiny_ablation(tmp_path)], sweep, seeds=2, workers=1, progress=False)
+    assert fake_launch == [] and len(again.skipped) == 4
+
+
+def test_partial_run_is_cleared_or_resumed(tmp_path, fake_launch):
+    ablation = tiny_ablation(tmp_path)
+    sweep = tmp_path / "sweep"
+    specs = {s.label: s for s in plan_runs(ablation, seeds=1, steps=None, sweep_dir=sweep)}
+    # toy/a: interrupted before any checkpoint -> cleared (log kept) and started over.
+    partial = specs["toy/a/seed1"].run_dir
+    partial.mkdir(parents=True)
+    for name in ("metrics.jsonl", "samples.jsonl", "config.yaml", "error.txt", "stdout.log"):
+        (partial / name).write_text("old\n")
+    # toy/b: a complete checkpoint under the same config (threads aside) -> resumed.
+    resumable = specs["toy/b/seed1"]
+    (resumable.run_dir / "checkpoints" / "step_000001").mkdir(parents=True)
+    (resumable.run_dir / "checkpoints" / "step_000001" / "state.json").write_text("{}")
+    resumable.config.replace(threads=7).to_yaml(resumable.run_dir / "config.yaml")
+    (resumable.run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
+
+    run_sweep([ablation], sweep, seeds=1, workers=1, progress=False)
+    launches = {l["label"]: l for l in fake_launch}
+    assert launches["toy/a/seed1"] == {"label": "toy/a/seed1", "resume": False,
+                                       "leftovers": ["requested_config.yaml", "stdout.log"]}
+    assert (partial / "stdout.log").read_text() == "old\n"
+    assert launches["toy/b/seed1"]["resume"] is True
+    assert "metrics.jsonl" in launches["toy/b/seed1"]["leftovers"]
+
+
+def test_failed_run_is_recorded_and_the_rest_complete(tmp_path, tiny_model_dir, monkeypatch):
+    sweep = tmp_path / "sweep"
+    result = run_sweep([tiny_ablation(tiny_model_dir, broken=True)], sweep, seeds=1, workers=2, progress=False)
+
+    assert [o.spec.label for o in result.failed] == ["toy/broken/seed1"]
+    assert [o.spec.label for o in result.completed] == ["toy/b/seed1"] and not result.ok
+    broken = sweep / "toy" / "broken" / "seed1"
+    error = (broken / "error.txt").read_text()
+    assert error.startswith("exit code 1: ") and "does_not_exist" in error.splitlines()[0]
+    assert "Traceback" in error  # the stderr tail
+    assert result.failed[0].error == error.splitlines()[0]
+    assert "FAILED" in result.summary() and str(broken) in result.summary()
+    assert not (broken / "summary.json").exists()
+    good = sweep / "toy" / "b" / "seed1"
+    rows = [json.loads(line) for line in (good / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1] and (good / "summary.json").is_file()
+    assert "run: " in (good / "stdout.log").read_text()  # the run's stdout went to its log
+    assert not (good / "error.txt").exists()
+
+    # Rerunning retries the failed run only; its error.txt is gone before the new attempt.
+    relaunched = []
+
+    def launch(spec, resume=False, timeout=None):
+        relaunched.append((spec.label, (spec.run_dir / "error.txt").exists()))
+        return RunOutcome(spec, "failed", 1, error="still broken")
+
+    monkeypatch.setattr(runner, "launch_run", launch)
+    again = run_sweep([tiny_ablation(tiny_model_dir, broken=True)], sweep, seeds=1, workers=2, progress=False)
+    assert relaunched == [("toy/broken/seed1", False)]
+    assert [o.spec.label for o in again.skipped] == ["toy/b/seed1"]
+
+
+# ---------------------------------------------------------------------------------- the CLI
+def test_list_prints_every_registered_ablation(capsys):
+    assert main(["list"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(ABLATIONS)
+    for line, (name, ablation) in zip(lines, ABLATIONS.items()):
+        assert line.split()[0] == name and line.endswith(ablation.question)
+        assert f"{len(ablation.variants)} variant" in line
+    # Aligned: every question starts in the same column.
+    assert len({line.index(ablation.question) for line, ablation in zip(lines, ABLATIONS.values())}) == 1
+
+
+def test_unknown_ablation_exits_2_listing_known_names(capsys, monkeypatch):
+    monkeypatch.setattr(runner, "run_sweep", lambda *a, **k: pytest.fail("must not start a sweep"))
+    assert main(["run", next(iter(ABLATIONS)), "no_such_ablation", "--seeds", "1"]) == 2
+    message = capsys.readouterr().err
+    assert "no_such_ablation" in message
+    for name in ABLATIONS:
+        assert name in message
+
+
+def test_run_command_sweeps_then_reports(tmp_path, capsys, monkeypatch):
+    calls = {}
+
+    def fake_sweep(ablations, sweep_dir, **kwargs):
+        calls.update(names=[a.name for a in ablations], sweep_dir=Path(sweep_dir), **kwargs)
+        return runner.SweepResult(Path(sweep_dir), [RunOutcome(None, "ok")])
+
+    def build_report(sweep_dir):
+        Path(sweep_dir).mkdir(parents=True, exist_ok=True)
+        (Path(sweep_dir) / "report.md").write_text("# report\n")
+        return Path(sweep_dir) / "report.md"
+
+    report = types.SimpleNamespace(build_report=build_report, format_table=lambda d: "| variant | accuracy |")
+    monkeypatch.setattr(runner, "run_sweep", fake_sweep)
+    monkeypatch.setitem(sys.modules, "ablations.report", report)
+    monkeypatch.chdir(tmp_path)
+    name = next(iter(ABLATIONS))
+    assert main(["run", name, "--seeds", "2", "--steps", "5", "--workers", "2"]) == 0
+    assert calls["names"] == [name] and calls["sweep_dir"] == Path("sweeps") / name
+    assert (calls["seeds"], calls["steps"], calls["workers"]) == (2, 5, 2)
+    out = capsys.readouterr().out
+    assert "| variant | accuracy |" in out
+    assert str(Path("sweeps") / name / "report.md") in out and str(Path("sweeps") / name / "plots") in out
+
+
+def test_report_command_needs_an_existing_directory(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "missing" in capsys.readouterr().err

@@ -41,7 +41,7 @@ class PPOConfig:
 
     # ------------------------------------------------------------------ run and model
     model_path: str | None = _f(None, "Policy checkpoint (any local HF causal LM dir). None: the testbed's cached SFT warm start.")
-    task: str = _f("arithmetic", "Task: 'arithmetic' (the testbed), 'gsm8k' (JSONL at task_path), or 'custom' (prompts + reward_fn from Python).")
+    task: str = _f("arithmetic", "Task: 'arithmetic' (the testbed), 'preference' (the testbed scored by a hidden gold scorer; train against reward_model_path: AlpacaFarm-style RLHF), 'gsm8k' (JSONL at task_path), or 'custom' (prompts + reward_fn from Python).")
     task_path: str | None = _f(None, "Training JSONL for task='gsm8k' (GSM8K layout: question, answer ending '#### <number>').")
     eval_path: str | None = _f(None, "Held-out JSONL for task='gsm8k' (default: the training file).")
     output_dir: str = _f("runs/ppo", "Run directory: config.yaml, metrics.jsonl, samples.jsonl, tensorboard events, checkpoints/, summary.json.")
@@ -200,7 +200,9 @@ class PPOConfig:
                 bad(name, "must be >= 0")
         if self.eval_size is not None and self.eval_size < 1:
             bad("eval_size", "must be a positive integer or None")
-        choice("task", ("arithmetic", "gsm8k", "custom"))
+        choice("task", ("arithmetic", "preference", "gsm8k", "custom"))
+        if self.task == "preference" and not self.reward_model_path:
+            bad("reward_model_path", "is required for task='preference' (RLHF trains against a reward model)")
         choice("kl_estimator", KL_ESTIMATOR_NAMES)
         choice("kl_placement", ("reward", "loss"))
         choice("advantage_estimator", ADVANTAGE_ESTIMATOR_NAMES)

@@ -74,6 +74,10 @@ def build_task(config: PPOConfig, prompts: list[str] | None = None, reward_fn: C
         return CustomTask(prompts=list(prompts), reward_fn=reward_fn)
     if config.task == "gsm8k":
         return GSM8KTask(config.task_path, eval_path=config.eval_path)
+    if config.task == "preference":
+        from .tasks.preferences import PreferenceTask
+
+        return PreferenceTask()
     return ArithmeticTask()
 
 
@@ -176,10 +180,13 @@ class RLTrainer:
         # ---- 2. score ---------------------------------------------------------------------
         with timer("score"):
             score_objects = score_batch(self.task, problems, texts, rollout.has_eos.tolist())
+            task_scores = torch.tensor([s.reward for s in score_objects], device=self.device)  # [B]
             if self.reward_model is not None:
+                # RLHF: the policy optimises the (proxy) reward model; the task's own score
+                # is the gold reward, logged but never trained on.
                 raw_scores = self._reward_model_scores(rollout)  # [B]
             else:
-                raw_scores = torch.tensor([s.reward for s in score_objects], device=self.device)  # [B]
+                raw_scores = task_scores
             correct = torch.tensor([s.correct for s in score_objects], device=self.device)  # [B]
 
         # ---- 3. old log-probs, reference log-probs, values (no autograd) ---------------
@@ -286,6 +293,8 @@ class RLTrainer:
             "lr": self.policy_optimizer.param_groups[0]["lr"],
             **update_metrics,
         }
+        if self.reward_model is not None:
+            metrics["gold_score"] = float(task_scores.mean())
         metrics.update(filter_metrics)
         metrics.update(self._per_level_advantage(problems, advantages, response_mask))
         if values is not None:
@@ -468,8 +477,17 @@ class RLTrainer:
         if cfg.eval_size is not None:
             problems = problems[: cfg.eval_size]
         policy = self.accelerator.unwrap_model(self.policy)
-        return evaluate(policy, self.tokenizer, self.task, cfg.response_length, temperature=1.0,
-                        seed=cfg.seed, problems=problems)
+        metrics = evaluate(policy, self.tokenizer, self.task, cfg.response_length, temperature=1.0,
+                           seed=cfg.seed, problems=problems)
+        if hasattr(self.task, "extra_eval"):
+            # Task-specific held-out metrics (e.g. gold reward and win rate against the SFT
+            # policy for the simulated-preference task); RNG state is the task's to keep.
+            rng_state = torch.get_rng_state()
+            try:
+                metrics.update(self.task.extra_eval(policy, self.tokenizer, problems, cfg.response_length, cfg.seed))
+            finally:
+                torch.set_rng_state(rng_state)
+        return metrics
 
     def train(self, resume: bool = False, stop_after: int | None = None) -> dict:
         """Run to `config.total_steps` (continuing from the latest checkpoint if `resume`).

@@ -43,14 +43,15 @@ class RLHFConfig:
     seed: int = 0
     n_pairs: int = 2000  # labelled pairs of distinct SFT samples
     noise: float = 0.25  # each label is a fair coin flip with this probability (AlpacaFarm's label noise)
-    # One length preference per annotator (gold units per character, see SimulatedAnnotator):
-    # three of the four like longer answers, which the gold reward's brevity term punishes.
-    # That disagreement is what PPO can over-optimise (docs/alpacafarm.md).
-    annotator_biases: tuple = (0.0, 0.02, 0.02, 0.02)
+    # One length preference per annotator (gold units per character, see SimulatedAnnotator);
+    # the pool's size is the number of entries. Unbiased by default: the labels are the gold
+    # preference plus coin-flip noise. A positive value (e.g. 0.02) makes that annotator
+    # prefer longer answers, against the gold reward's brevity term.
+    annotator_biases: tuple = (0.0, 0.0, 0.0, 0.0)
     heldout_fraction: float = 0.1
     epochs: int = 2
     batch_size: int = 32
-    lr: float = 3e-4
+    lr: float = 1e-3
     normalization_samples: int = 512  # fresh SFT samples whose mean reward is set to 0
     prompts_per_batch: int = 64  # prompts per generation batch (two samples each)
     # torch intra-op threads, fixed so the result is deterministic. One thread: on a machine
@@ -126,12 +127,13 @@ def build_reward_model(config: RLHFConfig, output_dir: str | Path, cache_dir: st
     """
     import torch
 
-    from value_model.reward_model import normalize_reward_model, save_reward_model, score_texts, train_reward_model
+    from value_model.reward_model import (normalize_reward_model, pairwise_metrics, save_reward_model, score_texts,
+                                         split_pairs, train_reward_model)
 
     from .policy import load_policy
     from .sft import warm_start
-    from .tasks.preferences import (AnnotatorPool, PreferenceTask, build_preference_dataset, sample_responses,
-                                    validate_preferences)
+    from .tasks.preferences import (AnnotatorPool, PreferenceTask, build_preference_dataset, pair_difference,
+                                    sample_responses, validate_preferences)
 
     start = time.perf_counter()
     torch.set_num_threads(config.threads)
@@ -152,6 +154,16 @@ def build_reward_model(config: RLHFConfig, output_dir: str | Path, cache_dir: st
     model, metrics = train_reward_model(sft_dir, rows, epochs=config.epochs, batch_size=config.batch_size,
                                         lr=config.lr, heldout_fraction=config.heldout_fraction, seed=config.seed,
                                         progress=progress)
+
+    # Where the reward model is right: held-out pairs split by what separates the two
+    # responses under the gold reward (correctness, format, or only the re-check count).
+    _, heldout = split_pairs(rows, config.heldout_fraction, config.seed)
+    for kind in ("correctness", "format", "brevity"):
+        subset = [r for r in heldout if pair_difference(r) == kind]
+        if subset:
+            breakdown = pairwise_metrics(model, tokenizer, subset)
+            metrics[f"heldout_{kind}_pairs"] = breakdown["pairs"]
+            metrics[f"heldout_{kind}_accuracy_gold"] = breakdown["accuracy_gold"]
 
     # ---- 3. normalisation: fresh SFT samples score 0 on average ----------------------
     problems = task.sample_problems(config.normalization_samples, random.Random(config.seed + 1))
@@ -184,6 +196,9 @@ def format_info(info: dict) -> str:
         f"held-out accuracy vs gold:         {metrics.get('heldout_accuracy_gold', float('nan')):.3f} "
         f"(on {metrics.get('heldout_gold_pairs', 0)} pairs with a gold winner; the labels themselves agree with "
         f"gold on {metrics.get('heldout_label_gold_agreement', float('nan')):.3f})",
+        "  by what separates the pair: " + ", ".join(
+            f"{kind} {metrics[f'heldout_{kind}_accuracy_gold']:.3f} ({metrics[f'heldout_{kind}_pairs']} pairs)"
+            for kind in ("correctness", "format", "brevity") if f"heldout_{kind}_pairs" in metrics),
         f"train accuracy vs noisy labels:    {metrics.get('train_accuracy_noisy', float('nan')):.3f}",
         f"normalisation: subtracted {info['normalization']['offset']:.4f} from the head bias; mean SFT reward now "
         f"{info['normalization']['mean_after']:.2e} over {info['normalization']['samples']} samples",
@@ -202,11 +217,14 @@ def main(argv: list[str] | None = None) -> int:
         sub.add_argument("--seed", type=int, default=RLHFConfig.seed)
         sub.add_argument("--noise", type=float, default=RLHFConfig.noise, help="coin-flip label noise probability")
         sub.add_argument("--epochs", type=int, default=RLHFConfig.epochs, help="reward-model training epochs")
+        sub.add_argument("--biases", type=float, nargs="+", default=list(RLHFConfig.annotator_biases),
+                         help="one length preference per annotator (gold units per character); sets the pool size")
         sub.add_argument("--cache-dir", default=None, help=f"default: {DEFAULT_CACHE_DIR}")
     build.add_argument("--out", default=None, help="also copy the finished reward model to this directory")
     build.add_argument("--force", action="store_true", help="rebuild even if a cached reward model exists")
     args = parser.parse_args(argv)
-    config = RLHFConfig(seed=args.seed, n_pairs=args.pairs, noise=args.noise, epochs=args.epochs)
+    config = RLHFConfig(seed=args.seed, n_pairs=args.pairs, noise=args.noise, epochs=args.epochs,
+                         annotator_biases=tuple(args.biases))
     if args.command == "path":
         print(reward_model_cache_path(config, args.cache_dir))
         return 0

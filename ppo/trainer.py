@@ -77,7 +77,7 @@ def build_task(config: PPOConfig, prompts: list[str] | None = None, reward_fn: C
     if config.task == "preference":
         from .tasks.preferences import PreferenceTask
 
-        return PreferenceTask()
+        return PreferenceTask(reward_model_path=config.reward_model_path)
     return ArithmeticTask()
 
 

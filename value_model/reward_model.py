@@ -167,12 +167,20 @@ def pairwise_metrics(model: ScalarHeadModel, tokenizer, pairs: Sequence[dict], b
     return metrics
 
 
+def split_pairs(pairs: Sequence[dict], heldout_fraction: float, seed: int) -> tuple[list[dict], list[dict]]:
+    """``(train, heldout)``: a seeded shuffle, the first ``round(heldout_fraction * N)`` held out."""
+    order = list(range(len(pairs)))
+    random.Random(seed).shuffle(order)
+    n_heldout = int(round(heldout_fraction * len(pairs)))
+    return [pairs[i] for i in order[n_heldout:]], [pairs[i] for i in order[:n_heldout]]
+
+
 def train_reward_model(
     policy_path: str | Path,
     pairs: Sequence[dict],
     epochs: int = 2,
     batch_size: int = 32,
-    lr: float = 3e-4,
+    lr: float = 1e-3,
     weight_decay: float = 0.0,
     heldout_fraction: float = 0.1,
     seed: int = 0,
@@ -187,8 +195,8 @@ def train_reward_model(
         pairs: rows as written by `ppo.tasks.preferences.build_preference_dataset`
             (``prompt``, ``response_a``, ``response_b``, ``preferred``, ``gold_a``,
             ``gold_b``; optional ``eos_a`` / ``eos_b``, default True).
-        heldout_fraction: share of the pairs (shuffled with `seed`) kept out of training
-            and used for the held-out metrics.
+        heldout_fraction: share of the pairs kept out of training and used for the
+            held-out metrics (`split_pairs` with `seed` gives the same split).
 
     AdamW with a linear decay of the learning rate to 0. Returns ``(model, metrics)``;
     ``metrics`` holds the held-out and training-set accuracies (see `pairwise_metrics`),
@@ -205,13 +213,9 @@ def train_reward_model(
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(device).train()
 
-    order = list(range(len(pairs)))
-    random.Random(seed).shuffle(order)
-    n_heldout = int(round(heldout_fraction * len(pairs)))
-    heldout = [pairs[i] for i in order[:n_heldout]]
-    train = [pairs[i] for i in order[n_heldout:]]
+    train, heldout = split_pairs(pairs, heldout_fraction, seed)
     if not train:
-        raise ValueError(f"train_reward_model: no training pairs left after holding out {n_heldout}")
+        raise ValueError(f"train_reward_model: no training pairs left after holding out {len(heldout)}")
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     steps_per_epoch = math.ceil(len(train) / batch_size)

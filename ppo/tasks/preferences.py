@@ -17,8 +17,8 @@ evaluator. This module does the same on the scratchpad-addition testbed, where t
   policy is trained on a reward model fitted to the preferences (`value_model.reward_model`,
   ``python -m ppo.rlhf build``); the trainer logs this task's score as ``gold_score``.
   `PreferenceTask.extra_eval` adds the held-out gold reward and the gold win rate against
-  the SFT policy, the measurements that reveal reward over-optimisation: the proxy
-  (reward-model) score keeps rising while the gold reward and the win rate turn down.
+  the SFT policy, the measurements that can reveal reward over-optimisation: the proxy
+  (reward-model) score rising while the gold reward and the win rate stall or fall.
 """
 
 from __future__ import annotations
@@ -90,6 +90,33 @@ def gold_score(problem: Problem, response: str, has_eos: bool) -> float:
     if answer is None or not has_eos:
         score -= FORMAT_PENALTY
     return round(score, 10)  # exact ties between equally good responses, not float noise
+
+
+def pair_difference(row: dict) -> str:
+    """What separates a preference row's two responses under the gold reward.
+
+    ``"correctness"`` (one answer right, the other not), else ``"format"`` (one misses EOS
+    or the answer marker), else ``"brevity"`` (only the number of ``chk`` steps differs),
+    else ``"none"``. Needs the row's ``answer`` field (rows from `build_preference_dataset`
+    have it).
+
+    >>> pair_difference({"prompt": "1+2=", "answer": "3", "response_a": "1+2=3;#3",
+    ...                  "response_b": "1+2=3;chk3;#3"})
+    'brevity'
+    """
+    problem = Problem(row["prompt"], str(row["answer"]))
+
+    def parts(response: str, has_eos: bool) -> tuple[bool, bool, int]:
+        answer = parse_answer(response)
+        correct = answer is not None and int(answer) == int(problem.answer)
+        return correct, answer is not None and has_eos, count_checks(response)
+
+    a = parts(row["response_a"], bool(row.get("eos_a", True)))
+    b = parts(row["response_b"], bool(row.get("eos_b", True)))
+    for index, kind in enumerate(("correctness", "format", "brevity")):
+        if a[index] != b[index]:
+            return kind
+    return "none"
 
 
 # ---------------------------------------------------------------------------------- annotators

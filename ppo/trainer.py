@@ -280,8 +280,9 @@ class RLTrainer:
             "score": float(raw_scores.mean()),
             "reward": float(token_rewards.sum(-1).mean()),
             "accuracy": float(correct.float().mean()),
-            "kl": mean_sequence_kl,
-            "kl_k1": float(kl_k1.sum(-1).mean()),
+            # With beta = 0 there is no reference model, so the KL is not measured (NaN), not 0.
+            "kl": mean_sequence_kl if ref_logprobs is not None else float("nan"),
+            "kl_k1": float(kl_k1.sum(-1).mean()) if ref_logprobs is not None else float("nan"),
             "kl_coef": beta,
             "entropy_rollout": _masked_mean(-old_logprobs, response_mask),
             "response_length": float(lengths.mean()),

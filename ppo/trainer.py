@@ -345,8 +345,9 @@ class RLTrainer:
                                                   loss_agg=cfg.loss_agg, max_len=cfg.response_length)
                     loss = loss + beta * kl_term
                     metrics.update(kl_metrics)
-                entropy_value, entropy_metrics = entropy_loss(entropy, mask, cfg.loss_agg, max_len=cfg.response_length)
-                metrics.update(entropy_metrics)
+                entropy_value, _ = entropy_loss(entropy, mask, cfg.loss_agg, max_len=cfg.response_length)
+                # Logged as a per-token mean whatever loss_agg is, so runs are comparable.
+                metrics["entropy"] = _masked_mean(entropy.detach(), mask)
                 if cfg.entropy_coef > 0:
                     loss = loss - cfg.entropy_coef * entropy_value
                 if self.value_model is not None:

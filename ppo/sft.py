@@ -130,14 +130,19 @@ def train_sft(config: SFTConfig, output_dir: str | Path | None = None, progress:
 
 
 def save_atomically(model, tokenizer, output_dir: Path, extra: dict | None = None) -> None:
-    """Write to a temporary sibling directory, then rename: never a half-written model."""
+    """Write to a temporary sibling directory, then rename: never a half-written model.
+
+    `extra` maps file names to payloads written next to the model: text as is, anything
+    else as JSON.
+    """
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp_dir = output_dir.with_name(output_dir.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp_dir, ignore_errors=True)
     model.save_pretrained(tmp_dir)
     tokenizer.save_pretrained(tmp_dir)
     for name, payload in (extra or {}).items():
-        (tmp_dir / name).write_text(json.dumps(payload, indent=2, sort_keys=True))
+        text = payload if isinstance(payload, str) else json.dumps(payload, indent=2, sort_keys=True, default=str)
+        (tmp_dir / name).write_text(text)
     if output_dir.exists():
         shutil.rmtree(output_dir)
     os.replace(tmp_dir, output_dir)

@@ -29,9 +29,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
-import shutil
 from pathlib import Path
 from typing import Sequence
 
@@ -278,18 +276,10 @@ def save_reward_model(model: ScalarHeadModel, tokenizer, output_dir: str | Path,
     `extra_files` maps file names to text written next to them (e.g. the preference data).
     ``reward_model_info.json`` is the marker of a complete directory.
     """
+    from ppo.sft import save_atomically
+
     output_dir = Path(output_dir)
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp_dir = output_dir.with_name(output_dir.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    model.save_pretrained(tmp_dir)
-    tokenizer.save_pretrained(tmp_dir)
-    for name, text in (extra_files or {}).items():
-        (tmp_dir / name).write_text(text)
-    (tmp_dir / REWARD_MODEL_INFO).write_text(json.dumps(info, indent=2, sort_keys=True, default=str))
-    if output_dir.exists():
-        shutil.rmtree(output_dir)
-    os.replace(tmp_dir, output_dir)
+    save_atomically(model, tokenizer, output_dir, extra={**(extra_files or {}), REWARD_MODEL_INFO: info})
     return output_dir
 
 

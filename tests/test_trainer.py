@@ -112,3 +112,16 @@ def test_custom_prompts_and_reward_function(tmp_path, tiny_model_dir):
     assert "sampled_accuracy" in summary["final_eval"] and len(rows) == 5
     with pytest.raises(ValueError, match="prompts and reward_fn"):
         RLTrainer(config.replace(output_dir=str(tmp_path / "x")))
+
+
+def test_gsm8k_jsonl_task_trains_end_to_end(tmp_path, tiny_model_dir):
+    rows = [{"question": "tom has 3 apples and buys 4. how many?", "answer": "3+4=7\n#### 7"},
+            {"question": "half of 10?", "answer": "10/2=5\n#### 5"}]
+    path = tmp_path / "train.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    config = PPOConfig(task="gsm8k", task_path=str(path), model_path=str(tiny_model_dir),
+                       output_dir=str(tmp_path / "run"), **{**TINY, "total_steps": 1})
+    summary = RLTrainer(config).train()
+    assert summary["steps"] == 1 and 0.0 <= summary["final_eval"]["sampled_accuracy"] <= 1.0
+    sample = json.loads((tmp_path / "run" / "samples.jsonl").read_text().splitlines()[0])
+    assert sample["prompt"].startswith("Question: ")

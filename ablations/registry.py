@@ -184,6 +184,78 @@ register(
     metric="zero_advantage_group_frac_kept", extra_metrics=("zero_advantage_group_frac", "kept_group_frac", "accuracy"),
 )
 
+# ---------------------------------------------------------------------- remaining toggles, one entry each
+register(
+    "clip_variants",
+    "Symmetric clipping vs DAPO's clip-higher vs dual-clip, with 4 PPO epochs so the ratio moves.",
+    [Variant("symmetric", PPO, {"ppo_epochs": 4}),
+     Variant("clip_higher", PPO, {"ppo_epochs": 4, "cliprange_high": 0.28}),
+     Variant("dual_clip", PPO, {"ppo_epochs": 4, "dual_clip": 3.0})],
+    metric="clipfrac", extra_metrics=("clipfrac_low", "clipfrac_high", "dualclip_frac", "entropy", "accuracy"),
+)
+register(
+    "adaptive_kl",
+    "Fixed beta vs the adaptive controller (Ziegler et al.) steering the KL to a target.",
+    [Variant("fixed", PPO, {"adaptive_kl": False, "kl_coef": 0.05}),
+     Variant("adaptive", PPO, {"adaptive_kl": True, "kl_coef": 0.05, "kl_target": 1.0, "kl_horizon": 2000})],
+    metric="kl_k1", extra_metrics=("kl_coef", "accuracy"),
+)
+register(
+    "advantage_whitening_scope",
+    "Whiten advantages once per rollout batch (AlpacaFarm, TRL) or per minibatch (cleanrl)?",
+    [Variant("batch", PPO, {"whiten_advantages_per_minibatch": False}),
+     Variant("minibatch", PPO, {"whiten_advantages_per_minibatch": True})],
+    metric="accuracy", extra_metrics=("advantage_abs_mean",),
+)
+register(
+    "old_logprobs_source",
+    "Old log-probs recomputed by a forward pass vs taken from the generation logits.",
+    [Variant("recompute", PPO, {"logprobs_from_generation": False}),
+     Variant("generation", PPO, {"logprobs_from_generation": True})],
+    metric="approx_kl", extra_metrics=("time_policy_forward", "accuracy"),
+)
+register(
+    "entropy_bonus",
+    "Does an entropy bonus keep exploration (and hurt the sharpening RL does here)?",
+    [Variant("off", PPO, {"entropy_coef": 0.0}), Variant("on", PPO, {"entropy_coef": 0.01})],
+    metric="entropy", extra_metrics=("accuracy",),
+)
+register(
+    "target_kl_early_stop",
+    "Early stop of a step's epochs once the approx KL to the rollout policy passes a target.",
+    [Variant("off", PPO, {"ppo_epochs": 4, "target_kl": None}),
+     Variant("target_0.01", PPO, {"ppo_epochs": 4, "target_kl": 0.01})],
+    metric="early_stopped", extra_metrics=("approx_kl", "accuracy"),
+)
+register(
+    "reward_clip",
+    "Clamping sequence scores (here with a missing-EOS penalty that can push them below -1).",
+    [Variant("off", PPO, {"missing_eos": "penalty", "missing_eos_penalty": 3.0, "response_length": 32}),
+     Variant("clip_1", PPO, {"missing_eos": "penalty", "missing_eos_penalty": 3.0, "response_length": 32,
+                             "reward_clip": 1.0})],
+    metric="score", extra_metrics=("eos_rate", "accuracy"),
+)
+register(
+    "truncation_mask",
+    "Responses cut off at response_length: keep them in the loss or mask them out (DAPO)?",
+    [Variant("keep", GRPO, {"response_length": 32, "mask_truncated_responses": False}),
+     Variant("mask", GRPO, {"response_length": 32, "mask_truncated_responses": True})],
+    metric="eos_rate", extra_metrics=("response_length", "accuracy"),
+)
+register(
+    "group_estimators",
+    "Group-relative baselines: GRPO (group std), batch std, REINFORCE with a batch-mean baseline.",
+    [Variant("grpo_group", GRPO, {"grpo_scale": "group"}), Variant("grpo_batch", GRPO, {"grpo_scale": "batch"}),
+     Variant("reinforce", GRPO, {"advantage_estimator": "reinforce", "reinforce_baseline": True})],
+    metric="accuracy", extra_metrics=("advantage_abs_mean", "zero_advantage_group_frac"),
+)
+register(
+    "sampling_truncation",
+    "Pure sampling (top_k 0, top_p 1) vs nucleus sampling: training on a distribution other than the sampled one.",
+    [Variant("pure", PPO, {"top_p": 1.0}), Variant("top_p_0.9", PPO, {"top_p": 0.9})],
+    metric="accuracy", extra_metrics=("approx_kl", "entropy"),
+)
+
 # ---------------------------------------------------------------------- the demo
 register(
     "quick",

@@ -35,13 +35,14 @@ from tqdm.auto import tqdm
 
 from gae import estimate_advantages, whiten
 from value_model import ScalarHeadModel
+from value_model.reward_model import last_token_scores
 
 from .buffer import ExperienceBuffer
 from .config import PPOConfig, describe
 from .evaluation import evaluate, score_batch
 from .filtering import PromptPool, group_pass_rates, keep_groups, zero_advantage_group_fraction
 from .kl import kl_penalty, make_kl_controller
-from .logprobs import concat_query_response, logprobs_from_logits, response_logprobs, response_values
+from .logprobs import logprobs_from_logits, response_logprobs, response_values
 from .losses import entropy_loss, explained_variance, kl_loss, policy_loss, value_loss
 from .policy import disable_dropout, load_policy
 from .rewards import apply_missing_eos, clip_scores, group_kimi_length_reward, shape_rewards, whiten_rewards
@@ -463,12 +464,9 @@ class RLTrainer:
         return rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.response_mask
 
     def _reward_model_scores(self, rollout: Rollout) -> torch.Tensor:
-        """Reward-model score read at the last response token, ``[B]``."""
-        ids, mask, positions = concat_query_response(*self._rollout_args(rollout))
+        """Reward-model score read at the last response token, ``[B]`` (as in RM training)."""
         with torch.no_grad():
-            scores = self.reward_model(input_ids=ids, attention_mask=mask, position_ids=positions)  # [B, Q+T]
-        last = rollout.query_ids.shape[1] + rollout.response_lengths - 1  # [B]
-        return scores.gather(1, last[:, None]).squeeze(1).float()
+            return last_token_scores(self.reward_model, *self._rollout_args(rollout))
 
     # ====================================================================================
     # Plumbing: the run (logging, evaluation, checkpoints)

@@ -30,6 +30,8 @@ Per-run numbers (`collect_runs`, one row per run directory, also written to ``re
     response_length_incorrect   training response lengths, same last-10% window
     wall_seconds, samples       from summary.json (wall time of the last session only)
     metric, metric_value        the ablation's own metric (name, last-10% mean)
+    reused_from                 for a run copied from an identical run (see the runner):
+                                that run's path; "" for a run that trained
     <extra metric keys>         each extra metric of the ablation, last-10% mean
 
 "Last 10% of steps" means the last ``ceil(n / 10)`` (at least one) of the training steps
@@ -72,12 +74,12 @@ RUN_COLUMNS = (
     "ablation", "variant", "seed", "status", "error", "path", "steps", "total_steps",
     "initial_sampled_accuracy", "final_sampled_accuracy", "final_greedy_accuracy", "accuracy_gain",
     "reward", "kl", "kl_k1", "entropy", "response_length_correct", "response_length_incorrect",
-    "wall_seconds", "samples", "metric", "metric_value",
+    "wall_seconds", "samples", "metric", "metric_value", "reused_from",
 )
 # Training-metric columns that are last-10% means of the metrics.jsonl key of the same name.
 TAIL_COLUMNS = ("reward", "kl", "kl_k1", "entropy", "response_length_correct", "response_length_incorrect")
 # Non-numeric per-run columns: never averaged over seeds.
-TEXT_COLUMNS = ("ablation", "variant", "seed", "status", "error", "path", "metric")
+TEXT_COLUMNS = ("ablation", "variant", "seed", "status", "error", "path", "metric", "reused_from")
 
 
 # ==========================================================================================
@@ -224,6 +226,19 @@ def _run_dirs(sweep_dir: Path) -> Iterable[tuple[str, str, int, Path]]:
                 yield ablation_dir.name, variant_dir.name, seed, run_dir
 
 
+def _reused_from(sweep_dir: Path, run_dir: Path) -> str:
+    """The identical run a copied run came from (first line of reused_from.txt), else ''."""
+    marker = run_dir / "reused_from.txt"
+    if not marker.is_file():
+        return ""
+    lines = marker.read_text(errors="replace").splitlines()
+    source = Path(lines[0].strip()) if lines else Path()
+    try:
+        return str(source.relative_to(sweep_dir.resolve()))
+    except ValueError:
+        return str(source)
+
+
 def _run_row(sweep_dir: Path, ablation: str, variant: str, seed: int, run_dir: Path,
              spec: AblationSpec) -> dict:
     rows = read_metrics(run_dir)
@@ -273,6 +288,7 @@ def _run_row(sweep_dir: Path, ablation: str, variant: str, seed: int, run_dir: P
         "samples": _whole(_as_float(summary.get("samples"))),
         "metric": spec.metric,
         "metric_value": tail_mean(rows, spec.metric),
+        "reused_from": _reused_from(sweep_dir, run_dir),
     }
     for key in spec.extra_metrics:
         row.setdefault(key, tail_mean(rows, key))
@@ -675,6 +691,11 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     ]
     if not rows:
         lines += ["", "No run directories (`<ablation>/<variant>/seed<k>/`) found."]
+    reused = [r for r in rows if r.get("reused_from")]
+    if reused:
+        lines += ["", f"{len(reused)} runs had a config identical to another run's (same seed, every "
+                  "field but the output directory) and copy its outputs instead of training again; "
+                  "`results.csv` names the source in `reused_from`."]
 
     for ablation, ablation_entries in _by_ablation(entries).items():
         spec = ablation_spec(ablation)

@@ -24,6 +24,16 @@ Rerunning the same command continues a sweep:
 
 A failing run never stops the sweep: it gets ``error.txt`` and is listed as failed in the
 `SweepResult`.
+
+Identical runs are trained once. Ablations share variants (the unmodified preset is the base
+row of many of them), and a run is a deterministic function of its config: same config,
+same seed, same thread count, same numbers. So before launching a run the runner looks for
+a complete run anywhere in the sweep directory whose ``config.yaml`` equals the requested
+config in every field except ``output_dir`` and ``progress`` (`config_fingerprint`). If it
+finds one it copies that run's outputs (all but checkpoints) into the new run directory and
+writes ``reused_from.txt`` naming the source; the report lists such runs. Two identical runs
+planned in the same sweep are trained once: the second waits for the first and copies it
+(or trains itself if the first failed). ``reuse=False`` turns this off.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ import sys
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -55,6 +65,12 @@ STDERR_TAIL_LINES = 60
 # Config fields that may differ between a checkpoint and a resumed attempt: they change how
 # fast a run goes or what it prints, not what it computes.
 RESUME_IGNORED_FIELDS = ("threads", "progress")
+# Config fields that may differ between two runs that compute the same thing (for reuse).
+# ``threads`` is not among them: reductions split over a different number of threads round
+# differently, and over many sampled steps that changes the run.
+REUSE_IGNORED_FIELDS = ("output_dir", "progress")
+# Written into a run directory whose outputs were copied from an identical run.
+REUSED_FROM = "reused_from.txt"
 
 
 @dataclass
@@ -79,7 +95,7 @@ class RunSpec:
 
 @dataclass
 class RunOutcome:
-    """What happened to one run in this invocation: 'ok', 'failed' or 'skipped'."""
+    """What happened to one run in this invocation: 'ok', 'failed', 'skipped' or 'reused'."""
 
     spec: RunSpec
     status: str
@@ -87,6 +103,7 @@ class RunOutcome:
     error: str = ""  # first line of error.txt for failed runs
     seconds: float = 0.0
     resumed: bool = False
+    reused_from: Path | None = None  # for 'reused': the run directory the outputs came from
 
 
 @dataclass
@@ -110,12 +127,17 @@ class SweepResult:
         return self._with("failed")
 
     @property
+    def reused(self) -> list[RunOutcome]:
+        return self._with("reused")
+
+    @property
     def ok(self) -> bool:
         return not self.failed
 
     def summary(self) -> str:
         lines = [f"sweep {self.sweep_dir}: {len(self.completed)} completed, {len(self.skipped)} skipped "
-                 f"(already complete), {len(self.failed)} failed, {len(self.outcomes)} runs in all"]
+                 f"(already complete), {len(self.reused)} copied from an identical run, "
+                 f"{len(self.failed)} failed, {len(self.outcomes)} runs in all"]
         for outcome in self.failed:
             lines.append(f"  FAILED {outcome.spec.run_dir}: {outcome.error}")
         if self.failed:
@@ -276,6 +298,63 @@ def _attempt(spec: RunSpec, timeout: float | None) -> RunOutcome:
     return launch_run(spec, resume=resume, timeout=timeout)
 
 
+# ---------------------------------------------------------------------------------- reuse
+def config_fingerprint(config: PPOConfig | dict) -> str:
+    """A canonical string of every config field that changes what a run computes."""
+    values = dict(config.to_dict() if isinstance(config, PPOConfig) else config)
+    for name in REUSE_IGNORED_FIELDS:
+        values.pop(name, None)
+    return json.dumps(values, sort_keys=True, default=str)
+
+
+def completed_runs_by_fingerprint(sweep_dir: Path) -> dict[str, Path]:
+    """Fingerprint -> run directory for every complete run under `sweep_dir` (any ablation).
+
+    Runs that are themselves copies are indexed too (their config.yaml is rewritten with
+    their own output_dir), so a copy of a copy still names a complete run. A config.yaml that
+    no longer parses (written by an older version) is ignored: that run is never reused.
+    """
+    index: dict[str, Path] = {}
+    for summary in sorted(Path(sweep_dir).glob("*/*/seed*/summary.json")):
+        run_dir = summary.parent
+        try:
+            config = PPOConfig.from_yaml(run_dir / "config.yaml")
+        except (ValueError, TypeError, OSError):
+            continue
+        index.setdefault(config_fingerprint(config), run_dir)
+    return index
+
+
+def copy_run(source: Path, spec: RunSpec) -> RunOutcome:
+    """Fill `spec.run_dir` with the outputs of the identical complete run in `source`.
+
+    Checkpoints stay behind (a complete run never resumes). summary.json, the marker of a
+    complete run, is copied last, through a temporary name, so an interrupted copy is an
+    incomplete run that the next sweep redoes.
+    """
+    start = time.perf_counter()
+    try:
+        prepare_run_dir(spec)
+        skip = {"checkpoints", "summary.json", "stdout.log", "requested_config.yaml", "error.txt", REUSED_FROM}
+        for entry in source.iterdir():
+            if entry.name in skip:
+                continue
+            if entry.is_dir():
+                shutil.copytree(entry, spec.run_dir / entry.name)
+            else:
+                shutil.copy2(entry, spec.run_dir / entry.name)
+        spec.config.to_yaml(spec.run_dir / "config.yaml")  # same config, this run's output_dir
+        (spec.run_dir / REUSED_FROM).write_text(
+            f"{source.resolve()}\nThis run's config equals that run's in every field but "
+            f"{', '.join(REUSE_IGNORED_FIELDS)}; its outputs were copied instead of training again.\n")
+        partial = spec.run_dir / "summary.json.partial"
+        shutil.copy2(source / "summary.json", partial)
+        os.replace(partial, spec.run_dir / "summary.json")
+    except OSError as error:
+        return RunOutcome(spec, "failed", None, error=f"could not copy identical run {source}: {error}")
+    return RunOutcome(spec, "reused", 0, seconds=time.perf_counter() - start, reused_from=source)
+
+
 # ---------------------------------------------------------------------------------- the sweep
 def _command_line() -> str:
     """How this process was started, as a user would type it (``python -m ablations run ...``)."""
@@ -310,12 +389,13 @@ def _write_sweep_json(sweep_dir: Path, names: list[str], seeds: int, steps: int 
 
 def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path, seeds: int = 3,
               steps: int | None = None, workers: int | None = None, timeout: float | None = None,
-              progress: bool = True) -> SweepResult:
+              progress: bool = True, reuse: bool = True) -> SweepResult:
     """Run every variant x seed of the named ablations into `sweep_dir`; see the module doc.
 
     `workers` concurrent runs (default: one per CPU core); `timeout` seconds per run (None:
-    no limit). Complete runs are skipped, failed ones retried. Returns the outcomes; with
-    `progress`, shows a progress bar and prints the summary.
+    no limit). Complete runs are skipped, failed ones retried; with `reuse`, a run identical
+    to a complete one is copied instead of trained. Returns the outcomes; with `progress`,
+    shows a progress bar and prints the summary.
     """
     from tqdm.auto import tqdm
 
@@ -349,20 +429,53 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
                dynamic_ncols=True)
 
     def show_counts():
-        bar.set_postfix(ok=len(result.completed), failed=len(result.failed), skipped=len(result.skipped))
+        bar.set_postfix(ok=len(result.completed), reused=len(result.reused), failed=len(result.failed),
+                        skipped=len(result.skipped))
 
     bar.update(len(result.skipped))
     show_counts()
+    done = completed_runs_by_fingerprint(sweep_dir) if reuse else {}
+    # Identical pending runs: the first (the leader) trains, the rest wait for it.
+    followers: dict[str, list[RunSpec]] = {}
+    to_launch: list[RunSpec] = []
+    for spec in pending:
+        key = config_fingerprint(spec.config)
+        if reuse and key in followers:
+            followers[key].append(spec)
+        else:
+            followers[key] = []
+            to_launch.append(spec)
+
+    def record(outcome: RunOutcome) -> None:
+        result.outcomes.append(outcome)
+        if outcome.status == "failed" and progress:
+            bar.write(f"failed: {outcome.spec.label}: {outcome.error}")
+        show_counts()
+        bar.update(1)
+
     executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sweep-run")
     try:
-        futures = [executor.submit(_attempt, spec, timeout) for spec in pending]
-        for future in as_completed(futures):
-            outcome = future.result()
-            result.outcomes.append(outcome)
-            if outcome.status == "failed" and progress:
-                bar.write(f"failed: {outcome.spec.label}: {outcome.error}")
-            show_counts()
-            bar.update(1)
+        running = {}
+        for spec in to_launch:
+            source = done.get(config_fingerprint(spec.config))
+            if source is not None:
+                record(copy_run(source, spec))
+            else:
+                running[executor.submit(_attempt, spec, timeout)] = spec
+        while running:
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                spec = running.pop(future)
+                outcome = future.result()
+                record(outcome)
+                waiting = followers.pop(config_fingerprint(spec.config), [])
+                if outcome.status == "ok":
+                    for follower in waiting:
+                        record(copy_run(spec.run_dir, follower))
+                elif waiting:  # the leader failed: the next identical run trains itself
+                    leader, *rest = waiting
+                    followers[config_fingerprint(leader.config)] = rest
+                    running[executor.submit(_attempt, leader, timeout)] = leader
     except KeyboardInterrupt:
         # Queued runs must not start, and running children must not outlive the sweep.
         executor.shutdown(wait=False, cancel_futures=True)

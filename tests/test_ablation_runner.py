@@ -252,10 +252,11 @@ def test_run_command_sweeps_then_reports(tmp_path, capsys, monkeypatch):
     name = next(iter(ABLATIONS))
     assert main(["run", name, "--seeds", "2", "--steps", "5", "--workers", "2"]) == 0
     assert calls["names"] == [name] and calls["sweep_dir"] == Path("sweeps") / name
-    assert (calls["seeds"], calls["steps"], calls["workers"]) == (2, 5, 2)
+    assert (calls["seeds"], calls["steps"], calls["workers"]) == (2, 5, 2) and calls["reuse"] is True
     out = capsys.readouterr().out
     assert "| variant | accuracy |" in out
     assert str(Path("sweeps") / name / "report.md") in out and str(Path("sweeps") / name / "plots") in out
+    assert main(["run", name, "--no-reuse"]) == 0 and calls["reuse"] is False
 
 
 def test_report_command_needs_an_existing_directory(tmp_path, capsys):

@@ -457,11 +457,14 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
     try:
         running = {}
         for spec in to_launch:
-            source = done.get(config_fingerprint(spec.config))
-            if source is not None:
-                record(copy_run(source, spec))
-            else:
+            key = config_fingerprint(spec.config)
+            source = done.get(key)
+            if source is None:
                 running[executor.submit(_attempt, spec, timeout)] = spec
+                continue
+            # A complete identical run exists already: this run and its followers copy it.
+            for copy in [spec, *followers.pop(key, [])]:
+                record(copy_run(source, copy))
         while running:
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:

@@ -186,6 +186,12 @@ def test_identical_runs_train_once_and_are_copied(tmp_path, monkeypatch):
     run_sweep([_dup_ablation("threads", tmp_path, variants=("b_same",))], sweep, seeds=1, workers=1,
               progress=False)
     assert launches == (["threads/b_same/seed1"] if (runner.os.cpu_count() or 1) > 1 else [])
+    # Two identical pending runs that both match a complete run are both copied.
+    launches.clear()
+    both = run_sweep([_dup_ablation("fourth", tmp_path, variants=("b_one", "b_two"))], sweep, seeds=1,
+                     workers=2, progress=False)
+    assert launches == [] and sorted(o.spec.label for o in both.reused) == ["fourth/b_one/seed1",
+                                                                          "fourth/b_two/seed1"]
     # With reuse off, every run trains.
     launches.clear()
     run_sweep([_dup_ablation("third", tmp_path, variants=("a", "a_copy"))], sweep, seeds=1, workers=1,

@@ -102,7 +102,7 @@ register(
      Variant("rewards_only", PPO, {"whiten_rewards": True, "whiten_advantages": False}),
      Variant("advantages_only", PPO, {"whiten_rewards": False, "whiten_advantages": True}),
      Variant("neither", PPO, {"whiten_rewards": False, "whiten_advantages": False})],
-    metric="accuracy", extra_metrics=("advantage_abs_mean", "vf_loss"),
+    metric="accuracy", extra_metrics=("response_length_incorrect", "kl_k1", "advantage_abs_mean", "vf_loss"),
 )
 register(
     "value_clip",

@@ -133,7 +133,7 @@ register(
     "value_optimizer",
     "A separate optimizer for the critic vs one optimizer (and one grad-norm clip) shared with the policy.",
     [Variant("separate", PPO, {"separate_value_optimizer": True}), Variant("shared", PPO, {"separate_value_optimizer": False})],
-    metric="explained_variance", extra_metrics=("value_error", "accuracy"),
+    metric="explained_variance", extra_metrics=("policy_grad_scale", "value_grad_norm", "kl_k1", "value_error", "accuracy"),
 )
 register(
     "temperature_logprobs",

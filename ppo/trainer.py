@@ -67,6 +67,17 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum() / mask.sum().clamp(min=1))
 
 
+def _grad_norm(parameters: list[torch.nn.Parameter]) -> float:
+    """L2 norm of all gradients of `parameters` together (parameters without one skipped)."""
+    norms = [p.grad.detach().float().norm() for p in parameters if p.grad is not None]
+    return float(torch.stack(norms).norm()) if norms else 0.0
+
+
+def _clip_scale(max_norm: float, total_norm: float) -> float:
+    """The factor ``clip_grad_norm_`` multiplies gradients by: min(1, max_norm / (norm + 1e-6))."""
+    return min(1.0, max_norm / (total_norm + 1e-6))
+
+
 def build_task(config: PPOConfig, prompts: list[str] | None = None, reward_fn: Callable | None = None):
     """The task named by `config.task` (a custom task needs `prompts` and `reward_fn`)."""
     if config.task == "custom" or reward_fn is not None:
@@ -316,8 +327,9 @@ class RLTrainer:
     def _update(self, buffer: ExperienceBuffer, beta: float, temperature: float) -> dict:
         """PPO epochs over the buffer; returns averaged loss and clipping metrics."""
         cfg = self.config
-        sums: dict[str, float] = defaultdict(float)
-        count = 0
+        sums: dict[str, float] = defaultdict(float)  # per micro-batch
+        step_sums: dict[str, float] = defaultdict(float)  # per optimizer step (gradient norms)
+        count = optimizer_steps = 0
         stop_early = False
         self.policy.train()
         if self.value_model is not None:
@@ -369,10 +381,13 @@ class RLTrainer:
                 for key, value in metrics.items():
                     sums[key] += float(value)
                 count += 1
-            self._optimizer_step()
+            for key, value in self._optimizer_step().items():
+                step_sums[key] += value
+            optimizer_steps += 1
             if cfg.target_kl is not None and sum(approx_kls) / len(approx_kls) > cfg.target_kl:
                 stop_early = True  # cleanrl-style early stop of the remaining epochs
         averaged = {key: value / max(count, 1) for key, value in sums.items()}
+        averaged.update({key: value / max(optimizer_steps, 1) for key, value in step_sums.items()})
         averaged["early_stopped"] = float(stop_early)
         return averaged
 
@@ -433,20 +448,39 @@ class RLTrainer:
             return warmup
         return warmup * max(0.0, 1.0 - step / cfg.total_steps)
 
-    def _optimizer_step(self) -> None:
+    def _optimizer_step(self) -> dict[str, float]:
+        """Clip gradients, step the optimizer(s); return the gradient norms before clipping.
+
+        ``policy_grad_norm`` / ``value_grad_norm`` are each model's L2 gradient norm before
+        clipping; ``policy_grad_scale`` is the factor clipping multiplied the policy's
+        gradient by (1 = not clipped). With one shared optimizer (AlpacaFarm) the clip uses
+        the joint norm of both models, so a large critic gradient also scales the policy's
+        step down; with separate optimizers each model is clipped on its own norm.
+        """
         cfg = self.config
         policy_params = list(self.policy.parameters())
         value_params = list(self.value_model.parameters()) if self.value_model is not None else []
-        if cfg.max_grad_norm is not None:
-            if self.value_optimizer is None:  # one optimizer: one joint norm (AlpacaFarm)
-                self.accelerator.clip_grad_norm_(policy_params + value_params, cfg.max_grad_norm)
-            else:
-                self.accelerator.clip_grad_norm_(policy_params, cfg.max_grad_norm)
-                self.accelerator.clip_grad_norm_(value_params, cfg.max_grad_norm)
+        # No clipping = clipping at infinity: the same call still unscales mixed-precision
+        # gradients and returns the norm, and multiplies by 1.
+        max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
+        metrics = {}
+        if value_params and self.value_optimizer is None:  # one optimizer: one joint norm (AlpacaFarm)
+            joint = float(self.accelerator.clip_grad_norm_(policy_params + value_params, max_norm))
+            scale = _clip_scale(max_norm, joint)
+            # Clipping scaled both models by the same factor: undo it to report the norms before.
+            metrics["policy_grad_norm"] = _grad_norm(policy_params) / scale
+            metrics["value_grad_norm"] = _grad_norm(value_params) / scale
+        else:
+            metrics["policy_grad_norm"] = float(self.accelerator.clip_grad_norm_(policy_params, max_norm))
+            scale = _clip_scale(max_norm, metrics["policy_grad_norm"])
+            if value_params:
+                metrics["value_grad_norm"] = float(self.accelerator.clip_grad_norm_(value_params, max_norm))
+        metrics["policy_grad_scale"] = scale
         for optimizer in (self.policy_optimizer, self.value_optimizer):
             if optimizer is not None:
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
+        return metrics
 
     def _whiten_minibatch_advantages(self, micro_batches: list[dict]) -> list[dict]:
         advantages = torch.cat([m["advantages"] for m in micro_batches])

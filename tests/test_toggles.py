@@ -49,6 +49,32 @@ def test_separate_or_shared_value_optimizer(tmp_path, tiny_model_dir):
     assert len(shared.policy_optimizer.param_groups[1]["params"]) == n_value
 
 
+def _set_grads(model, value):
+    """Zero every gradient, then put `value` in one entry: the model's grad norm is |value|."""
+    parameters = list(model.parameters())
+    for parameter in parameters:
+        parameter.grad = torch.zeros_like(parameter)
+    parameters[0].grad.view(-1)[0] = value
+
+
+@pytest.mark.parametrize("separate, max_grad_norm, policy_scale", [
+    (False, 1.0, 0.2),      # shared: joint norm sqrt(3^2 + 4^2) = 5 -> both scaled by 1/5
+    (True, 1.0, 1 / 3),     # separate: the policy is clipped on its own norm 3
+    (False, None, 1.0),     # no clipping
+])
+def test_gradient_norms_and_clip_scale(tmp_path, tiny_model_dir, separate, max_grad_norm, policy_scale):
+    run = trainer(tmp_path, tiny_model_dir, separate_value_optimizer=separate, max_grad_norm=max_grad_norm)
+    _set_grads(run.policy, 3.0)
+    _set_grads(run.value_model, 4.0)
+    metrics = run._optimizer_step()
+    assert metrics["policy_grad_norm"] == pytest.approx(3.0, rel=1e-5)  # before clipping
+    assert metrics["value_grad_norm"] == pytest.approx(4.0, rel=1e-5)
+    assert metrics["policy_grad_scale"] == pytest.approx(policy_scale, rel=1e-5)
+    # The norms reach metrics.jsonl through a training step.
+    logged = run.train_step()
+    assert logged["policy_grad_norm"] > 0 and 0 < logged["policy_grad_scale"] <= 1
+
+
 def test_no_value_model_for_group_estimators(tmp_path, tiny_model_dir):
     grpo = trainer(tmp_path, tiny_model_dir, advantage_estimator="grpo", group_size=4)
     assert grpo.value_model is None and grpo.value_optimizer is None

@@ -176,6 +176,18 @@ def plan_runs(ablation: "str | Ablation", seeds: int, steps: int | None, sweep_d
 
 
 # ---------------------------------------------------------------------------------- one run
+def config_fingerprint(config: PPOConfig, ignored: tuple[str, ...] = REUSE_IGNORED_FIELDS) -> str:
+    """A canonical string of every config field but `ignored`: equal strings, same computation.
+
+    The default ignores what two identical runs may differ in (reuse); resuming a run passes
+    `RESUME_IGNORED_FIELDS`.
+    """
+    values = config.to_dict()
+    for name in ignored:
+        values.pop(name, None)
+    return json.dumps(values, sort_keys=True, default=str)
+
+
 def _has_resumable_checkpoint(spec: RunSpec) -> bool:
     """A complete checkpoint (state.json is written last) made under the same config."""
     checkpoints = [c for c in (spec.run_dir / "checkpoints").glob("step_*") if (c / "state.json").is_file()]
@@ -183,14 +195,10 @@ def _has_resumable_checkpoint(spec: RunSpec) -> bool:
     if not checkpoints or not saved.is_file():
         return False
     try:
-        previous = PPOConfig.from_yaml(saved).to_dict()
+        previous = PPOConfig.from_yaml(saved)
     except (ValueError, TypeError, OSError):
         return False
-    requested = spec.config.to_dict()
-    for name in RESUME_IGNORED_FIELDS:
-        previous.pop(name, None)
-        requested.pop(name, None)
-    return previous == requested
+    return config_fingerprint(previous, RESUME_IGNORED_FIELDS) == config_fingerprint(spec.config, RESUME_IGNORED_FIELDS)
 
 
 def prepare_run_dir(spec: RunSpec) -> bool:
@@ -299,14 +307,6 @@ def _attempt(spec: RunSpec, timeout: float | None) -> RunOutcome:
 
 
 # ---------------------------------------------------------------------------------- reuse
-def config_fingerprint(config: PPOConfig | dict) -> str:
-    """A canonical string of every config field that changes what a run computes."""
-    values = dict(config.to_dict() if isinstance(config, PPOConfig) else config)
-    for name in REUSE_IGNORED_FIELDS:
-        values.pop(name, None)
-    return json.dumps(values, sort_keys=True, default=str)
-
-
 def completed_runs_by_fingerprint(sweep_dir: Path) -> dict[str, Path]:
     """Fingerprint -> run directory for every complete run under `sweep_dir` (any ablation).
 
@@ -435,16 +435,16 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
     bar.update(len(result.skipped))
     show_counts()
     done = completed_runs_by_fingerprint(sweep_dir) if reuse else {}
-    # Identical pending runs: the first (the leader) trains, the rest wait for it.
+    # Identical pending runs: the first (the leader) trains or copies, the rest follow it.
     followers: dict[str, list[RunSpec]] = {}
-    to_launch: list[RunSpec] = []
+    leaders: list[tuple[str, RunSpec]] = []
     for spec in pending:
-        key = config_fingerprint(spec.config)
-        if reuse and key in followers:
+        key = config_fingerprint(spec.config) if reuse else spec.label  # labels are unique
+        if key in followers:
             followers[key].append(spec)
         else:
             followers[key] = []
-            to_launch.append(spec)
+            leaders.append((key, spec))
 
     def record(outcome: RunOutcome) -> None:
         result.outcomes.append(outcome)
@@ -455,30 +455,27 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
 
     executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sweep-run")
     try:
-        running = {}
-        for spec in to_launch:
-            key = config_fingerprint(spec.config)
-            source = done.get(key)
-            if source is None:
-                running[executor.submit(_attempt, spec, timeout)] = spec
-                continue
-            # A complete identical run exists already: this run and its followers copy it.
-            for copy in [spec, *followers.pop(key, [])]:
-                record(copy_run(source, copy))
+        running: dict = {}  # future -> (fingerprint, spec)
+        for key, spec in leaders:
+            if key in done:  # a complete identical run exists: this run and its followers copy it
+                for copy in [spec, *followers.pop(key)]:
+                    record(copy_run(done[key], copy))
+            else:
+                running[executor.submit(_attempt, spec, timeout)] = (key, spec)
         while running:
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
-                spec = running.pop(future)
+                key, spec = running.pop(future)
                 outcome = future.result()
                 record(outcome)
-                waiting = followers.pop(config_fingerprint(spec.config), [])
+                waiting = followers.pop(key)
                 if outcome.status == "ok":
                     for follower in waiting:
                         record(copy_run(spec.run_dir, follower))
                 elif waiting:  # the leader failed: the next identical run trains itself
                     leader, *rest = waiting
-                    followers[config_fingerprint(leader.config)] = rest
-                    running[executor.submit(_attempt, leader, timeout)] = leader
+                    followers[key] = rest
+                    running[executor.submit(_attempt, leader, timeout)] = (key, leader)
     except KeyboardInterrupt:
         # Queued runs must not start, and running children must not outlive the sweep.
         executor.shutdown(wait=False, cancel_futures=True)

@@ -21,6 +21,8 @@ Implementation details that live here:
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from einops import rearrange
 
@@ -52,6 +54,7 @@ def group_advantages(
     group_size: int,
     scale: str = "group",
     eps: float = 1e-4,
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Group-relative advantages: each score minus its group's mean, optionally scaled.
 
@@ -67,6 +70,9 @@ def group_advantages(
         scale: ``"group"`` -> (s - mean_g) / (std_g + eps); ``"batch"`` -> (s - mean_g) /
             (std_batch + eps); ``"none"`` -> s - mean_g. All stds are population stds.
         eps: keeps the division finite when a std is ~0.
+        reduce_sum: for ``scale="batch"`` in a data-parallel run, sums over processes
+            (`ppo.distributed.global_sum`) so the batch std is the whole batch's. Groups
+            never span processes, so the group statistics need no reduction.
 
     Returns:
         `[B*G]` advantages; exactly 0 for every group whose samples all scored the same.
@@ -93,12 +99,21 @@ def group_advantages(
         group_std = grouped.std(dim=-1, correction=0, keepdim=True)  # [B, 1]
         advantages = centred / (group_std + eps)
     elif scale == "batch":
-        batch_std = scores.std(correction=0)  # scalar, over all B*G scores
+        batch_std = batch_population_std(scores, reduce_sum)  # scalar, over all B*G scores
         advantages = centred / (batch_std + eps)
     else:
         advantages = centred
     advantages = _zero_constant_groups(grouped, advantages)  # [B, G]
     return rearrange(advantages, "b g -> (b g)")  # [B*G]
+
+
+def batch_population_std(scores: torch.Tensor, reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """Population std of every score in the batch (over all processes with `reduce_sum`)."""
+    reduce_sum = reduce_sum or (lambda total: total)
+    values = scores.double()
+    count = reduce_sum(torch.tensor(float(values.numel()), dtype=torch.float64, device=scores.device))
+    mean = reduce_sum(values.sum()) / count
+    return (reduce_sum((values - mean).pow(2).sum()) / count).sqrt().to(scores.dtype)
 
 
 def rloo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:

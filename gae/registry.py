@@ -63,6 +63,7 @@ def estimate_advantages(
     grpo_scale: str = "group",
     grpo_eps: float = 1e-4,
     reinforce_baseline: bool = False,
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the advantage estimator registered as `name`.
 
@@ -77,6 +78,9 @@ def estimate_advantages(
         gamma, lam: GAE discount and lambda.
         grpo_scale, grpo_eps: `scale` and `eps` of `gae.group_advantages` for ``"grpo"``.
         reinforce_baseline: ``"reinforce"`` subtracts the batch mean score when True.
+        reduce_sum: sums over data-parallel processes (`ppo.distributed.global_sum`), for
+            the estimators that use batch statistics (``grpo_scale="batch"``, the REINFORCE
+            baseline); None = a single process.
 
     Returns:
         `(advantages, returns)`, both `[B, T]`, 0 outside `response_mask`.
@@ -100,6 +104,7 @@ def estimate_advantages(
         grpo_scale=grpo_scale,
         grpo_eps=grpo_eps,
         reinforce_baseline=reinforce_baseline,
+        reduce_sum=reduce_sum,
     )
 
 
@@ -139,11 +144,12 @@ def gae_estimator(*, token_rewards, response_mask, values=None, gamma=1.0, lam=1
 
 @register_advantage_estimator("grpo")
 def grpo_estimator(
-    *, token_rewards, response_mask, group_size=1, grpo_scale="group", grpo_eps=1e-4, **kwargs
+    *, token_rewards, response_mask, group_size=1, grpo_scale="group", grpo_eps=1e-4, reduce_sum=None, **kwargs
 ):
     """GRPO (DeepSeekMath): group-normalised outcome advantage on every response token."""
     scores = _sequence_scores(token_rewards, response_mask)  # [B*G]
-    sequence_advantages = group_advantages(scores, group_size, scale=grpo_scale, eps=grpo_eps)  # [B*G]
+    sequence_advantages = group_advantages(scores, group_size, scale=grpo_scale, eps=grpo_eps,
+                                           reduce_sum=reduce_sum)  # [B*G]
     return _broadcast_to_tokens(sequence_advantages, response_mask)
 
 
@@ -164,10 +170,12 @@ def rloo_estimator(*, token_rewards, response_mask, group_size=1, **kwargs):
 
 
 @register_advantage_estimator("reinforce")
-def reinforce_estimator(*, token_rewards, response_mask, reinforce_baseline=False, **kwargs):
+def reinforce_estimator(*, token_rewards, response_mask, reinforce_baseline=False, reduce_sum=None, **kwargs):
     """Vanilla REINFORCE (Williams 1992): the raw score, optionally minus the batch mean."""
     scores = _sequence_scores(token_rewards, response_mask)  # [B]
     if reinforce_baseline:
         # A constant baseline lowers the gradient's variance without biasing it.
-        scores = scores - scores.mean()
+        reduce_sum = reduce_sum or (lambda total: total)
+        count = reduce_sum(torch.tensor(float(scores.numel()), dtype=torch.float64, device=scores.device))
+        scores = scores - (reduce_sum(scores.double().sum()) / count).to(scores.dtype)
     return _broadcast_to_tokens(scores, response_mask)

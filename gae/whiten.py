@@ -16,6 +16,8 @@ Implementation details that live here:
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 
@@ -24,6 +26,7 @@ def whiten(
     mask: torch.Tensor | None = None,
     shift_mean: bool = True,
     eps: float = 1e-8,
+    reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Return ``(x - mean) * rsqrt(var + eps)`` with statistics over the masked positions.
 
@@ -33,6 +36,9 @@ def whiten(
         shift_mean: if False, add the mean back after scaling (AlpacaFarm / OpenAI reward
             whitening): only the scale is normalised.
         eps: added to the variance so a near-constant batch does not divide by ~0.
+        reduce_sum: sums a tensor over the processes of a data-parallel run
+            (`ppo.distributed.global_sum`), so the statistics are those of the whole
+            rollout batch; None = this process's `x` is the whole batch.
 
     Returns:
         A tensor shaped like `x`; with a mask, positions outside it are 0.
@@ -59,11 +65,14 @@ def whiten(
             raise ValueError(f"mask shape {tuple(mask.shape)} does not match x shape {tuple(x.shape)}")
         keep = mask.bool()
         selected = x[keep]  # [N] only the positions that count
-    if selected.numel() < 2:
-        raise ValueError(f"whiten needs at least 2 selected elements, got {selected.numel()}")
-
-    mean = selected.mean()
-    var = selected.var(correction=0)  # population variance, see docstring
+    reduce_sum = reduce_sum or (lambda total: total)
+    count = reduce_sum(torch.tensor(float(selected.numel()), dtype=torch.float64, device=x.device))
+    if count < 2:
+        raise ValueError(f"whiten needs at least 2 selected elements, got {int(count)}")
+    # Two passes (mean, then squared deviations) in float64: as exact as torch.var, and
+    # each pass is one sum that data-parallel ranks can add up.
+    mean = (reduce_sum(selected.double().sum()) / count).to(x.dtype)
+    var = (reduce_sum((selected.double() - mean.double()).pow(2).sum()) / count).to(x.dtype)  # population, see above
     whitened = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         whitened = whitened + mean

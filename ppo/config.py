@@ -52,7 +52,7 @@ class PPOConfig:
     mixed_precision: str = _f("no", "accelerate mixed precision: 'no', 'fp16', 'bf16'.")
 
     # ------------------------------------------------------------------ rollout
-    rollout_batch_size: int = _f(64, "Responses sampled per step (prompts x group_size). AlpacaFarm: 512.")
+    rollout_batch_size: int = _f(64, "Responses sampled per step (prompts x group_size) over all data-parallel processes together: the global batch, so a preset means the same update whatever the number of processes (each samples an equal share of whole groups). AlpacaFarm: 512.")
     group_size: int = _f(1, "Samples per prompt G, contiguous in the batch. PPO: 1; GRPO family: e.g. 8 (DeepSeekMath: 64).")
     response_length: int = _f(64, "Maximum new tokens per response; a response that hits it without EOS is 'missing EOS'.")
     temperature: float = _f(1.0, "Sampling temperature. AlpacaFarm 1.0, TRL 0.7.")
@@ -92,7 +92,7 @@ class PPOConfig:
     # ------------------------------------------------------------------ the update
     ppo_epochs: int = _f(4, "Passes over each rollout batch (GRPO's num_iterations). AlpacaFarm 2, TRL 4. With 1 epoch and 1 minibatch the ratio is exactly 1 and clipping never fires.")
     num_minibatches: int = _f(1, "Shuffled minibatches per epoch (one optimizer step each). AlpacaFarm: 512/256 = 2; TRL: 1.")
-    gradient_accumulation_steps: int = _f(1, "Micro-batches per minibatch (gradient accumulation); changes memory, not the math.")
+    gradient_accumulation_steps: int = _f(1, "Micro-batches per minibatch on each process (gradient accumulation); changes memory, not the math.")
     cliprange: float = _f(0.2, "PPO ratio clip epsilon (low side, and high side unless cliprange_high). AlpacaFarm and TRL: 0.2.")
     cliprange_high: float | None = _f(None, "Separate upper clip epsilon (DAPO's clip-higher, e.g. 0.28); None = symmetric.")
     dual_clip: float | None = _f(None, "Dual-clip constant c > 1 bounding the loss of negative-advantage tokens (Ye et al. 2020); None = off.")
@@ -238,6 +238,32 @@ class PPOConfig:
         if self.value_init == "reward_model" and self.uses_value_model and not self.reward_model_path:
             raise ValueError("PPOConfig.value_init: 'reward_model' needs reward_model_path (the verifiable testbed "
                              "has no reward model; use 'policy', or --testbed which does so)")
+
+    def per_process_batch_size(self, world_size: int) -> int:
+        """The rollout responses each of `world_size` data-parallel processes samples per step.
+
+        `rollout_batch_size` is the *global* batch, so a preset means the same update
+        whatever the number of processes; each process holds an equal share, made of whole
+        GRPO groups (a group never spans processes), split into `num_minibatches` x
+        `gradient_accumulation_steps` the same way on every process.
+        """
+        where = f"with {world_size} processes"
+        if self.rollout_batch_size % world_size:
+            raise ValueError(f"PPOConfig.rollout_batch_size: the global batch ({self.rollout_batch_size}) must be "
+                             f"divisible by the number of processes ({world_size})")
+        local = self.rollout_batch_size // world_size
+        if local % self.group_size:
+            raise ValueError(f"PPOConfig.group_size: {where} each process samples {local} responses "
+                             f"(rollout_batch_size {self.rollout_batch_size} / {world_size}), which is not a "
+                             f"whole number of groups of group_size {self.group_size}")
+        if local % self.num_minibatches:
+            raise ValueError(f"PPOConfig.num_minibatches: {where} each process's {local} responses cannot be "
+                             f"split into num_minibatches={self.num_minibatches}")
+        if (local // self.num_minibatches) % self.gradient_accumulation_steps:
+            raise ValueError(f"PPOConfig.gradient_accumulation_steps: {where} each process's minibatch of "
+                             f"{local // self.num_minibatches} cannot be split into "
+                             f"gradient_accumulation_steps={self.gradient_accumulation_steps} micro-batches")
+        return local
 
     # -- derived quantities ----------------------------------------------------------------
     @property

@@ -16,6 +16,7 @@ from typing import Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from . import distributed
 from .rollout import decode_responses, generate
 from .tasks.base import Problem, Score, Task
 
@@ -42,7 +43,11 @@ def score_generations(
     temperature: float = 1.0,
     batch_size: int = 128,
 ) -> dict:
-    """Generate for every problem and summarise: accuracy, format rates, lengths."""
+    """Generate for every problem and summarise: accuracy, format rates, lengths.
+
+    In a data-parallel run each process passes its own shard of `problems`; the summary
+    covers every process's problems (and is the same on every process).
+    """
     correct, lengths, has_eos, has_answer, levels = [], [], [], [], []
     for start in range(0, len(problems), batch_size):
         chunk = list(problems[start:start + batch_size])
@@ -57,6 +62,9 @@ def score_generations(
             has_eos.append(eos)
             lengths.append(length)
             levels.append(problem.level)
+    # In a data-parallel run each process scored its shard of the held-out set: summarise all.
+    records = distributed.gather_objects(list(zip(correct, has_answer, has_eos, lengths, levels)))
+    correct, has_answer, has_eos, lengths, levels = (list(column) for column in zip(*records)) if records else ([],) * 5
     by_level = defaultdict(list)
     for level, ok in zip(levels, correct):
         if level is not None:

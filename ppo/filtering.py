@@ -38,13 +38,18 @@ def keep_groups(pass_rates: torch.Tensor, min_pass_rate: float = 0.0, max_pass_r
     return (pass_rates > min_pass_rate) & (pass_rates < max_pass_rate)
 
 
-def zero_advantage_group_fraction(advantages: torch.Tensor, group_size: int, among: torch.Tensor | None = None) -> float:
-    """Share of groups whose every sample has advantage 0 (no learning signal).
+def zero_advantage_groups(advantages: torch.Tensor, group_size: int) -> torch.Tensor:
+    """``[B]`` bool: the groups whose every sample has advantage 0 (no learning signal).
 
-    `advantages` is ``[B*G, T]`` (or ``[B*G]``); `among` optionally restricts to kept groups.
+    `advantages` is ``[B*G, T]`` (or ``[B*G]``).
     """
     per_sample = advantages.abs().reshape(advantages.shape[0], -1).sum(-1)  # [B*G]
-    zero = rearrange(per_sample, "(b g) -> b g", g=group_size).amax(-1) < 1e-8  # [B]
+    return rearrange(per_sample, "(b g) -> b g", g=group_size).amax(-1) < 1e-8  # [B]
+
+
+def zero_advantage_group_fraction(advantages: torch.Tensor, group_size: int, among: torch.Tensor | None = None) -> float:
+    """Share of groups whose every sample has advantage 0; `among` restricts to kept groups."""
+    zero = zero_advantage_groups(advantages, group_size)  # [B]
     if among is not None:
         if not among.any():
             return float("nan")

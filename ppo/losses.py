@@ -259,23 +259,33 @@ def kl_loss(
     return loss, {"kl_loss": loss.item()}
 
 
-def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor, reduce_sum=None) -> float:
     """How much of the returns' variance the critic explains: `1 - Var[R - V] / Var[R]`.
 
     1 is a perfect critic, 0 is no better than predicting the mean return, negative is
     worse than that. Masked; `nan` when the returns have no variance (nothing to explain).
+    `reduce_sum` (`ppo.distributed.global_sum`) takes the variances over every process's
+    tokens in a data-parallel run.
 
     >>> r = torch.tensor([[1.0, 2.0, 3.0, 4.0]])
     >>> explained_variance(r, r, torch.ones(1, 4))
     1.0
     """
+    reduce_sum = reduce_sum or (lambda total: total)
     with torch.no_grad():
         is_real = mask.bool()
         real_returns = returns[is_real].double()
-        if real_returns.numel() == 0:
-            return float("nan")
         residual = real_returns - values[is_real].double()
-        var_returns = real_returns.var(unbiased=False)
+        count = reduce_sum(torch.tensor(float(real_returns.numel()), dtype=torch.float64, device=returns.device))
+        if count == 0:
+            return float("nan")
+
+        def population_var(x: torch.Tensor) -> torch.Tensor:
+            mean = reduce_sum(x.sum()) / count
+            return reduce_sum((x - mean).pow(2).sum()) / count
+
+        var_returns = population_var(real_returns)
+        var_residual = population_var(residual)
         if var_returns == 0:
             return float("nan")
-        return (1.0 - residual.var(unbiased=False) / var_returns).item()
+        return (1.0 - var_residual / var_returns).item()

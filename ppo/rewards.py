@@ -144,7 +144,7 @@ def shape_rewards(
 
 
 def whiten_rewards(
-    token_rewards: torch.Tensor, response_mask: torch.Tensor, over_padding: bool
+    token_rewards: torch.Tensor, response_mask: torch.Tensor, over_padding: bool, reduce_sum=None
 ) -> torch.Tensor:
     """Reward whitening: scale rewards to unit variance, keeping their mean.
 
@@ -163,13 +163,16 @@ def whiten_rewards(
     Worked example, rewards `[[1, 3], [2, pad]]`: masked statistics use {1, 3, 2} (mean 2,
     population std 0.816), giving `[[0.775, 3.225], [2.0, 0]]`; over padding they use
     {1, 3, 2, 0} (mean 1.5, std 1.118), giving `[[1.053, 2.842], [1.947, 0]]`.
+
+    `reduce_sum` (`ppo.distributed.global_sum`) makes the statistics those of the whole
+    batch in a data-parallel run.
     """
     from gae import whiten  # the shared masked whitening lives in gae/
 
     mask = response_mask.to(token_rewards.dtype)  # [B, T]
     if over_padding:
-        return whiten(token_rewards, mask=None, shift_mean=False) * mask  # [B, T]
-    return whiten(token_rewards, mask=mask, shift_mean=False) * mask  # [B, T]
+        return whiten(token_rewards, mask=None, shift_mean=False, reduce_sum=reduce_sum) * mask  # [B, T]
+    return whiten(token_rewards, mask=mask, shift_mean=False, reduce_sum=reduce_sum) * mask  # [B, T]
 
 
 def _kimi_length_lambda(lengths: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:

@@ -37,10 +37,11 @@ from gae import estimate_advantages, whiten
 from value_model import ScalarHeadModel
 from value_model.reward_model import last_token_scores
 
+from . import distributed
 from .buffer import ExperienceBuffer
 from .config import PPOConfig, describe
 from .evaluation import evaluate, score_batch
-from .filtering import PromptPool, group_pass_rates, keep_groups, zero_advantage_group_fraction
+from .filtering import PromptPool, group_pass_rates, keep_groups, zero_advantage_groups
 from .kl import kl_penalty, make_kl_controller
 from .logprobs import logprobs_from_logits, response_logprobs, response_values
 from .losses import entropy_loss, explained_variance, kl_loss, policy_loss, value_loss
@@ -113,14 +114,18 @@ class RLTrainer:
         self.config = config
         if config.device == "cpu" or not torch.cuda.is_available():
             torch.set_num_threads(config.threads)
-        random.seed(config.seed)
-        torch.manual_seed(config.seed)
         self.accelerator = Accelerator(cpu=config.device == "cpu", mixed_precision=config.mixed_precision)
         self.device = self.accelerator.device
+        # Data parallelism: `rollout_batch_size` is the global batch; each rank holds a share
+        # and draws its own prompts from its own seed (rank 0 keeps `seed`).
+        self.local_batch_size = config.per_process_batch_size(distributed.world_size())
+        seed = distributed.rank_seed(config.seed, distributed.rank())
+        random.seed(seed)
+        torch.manual_seed(seed)
         self.task = task if task is not None else build_task(config, prompts, reward_fn)
-        self.rng = random.Random(config.seed)  # prompt sampling
+        self.rng = random.Random(seed)  # prompt sampling
         self.prompt_pool = PromptPool(self.task, self.rng)
-        self.shuffle_generator = torch.Generator().manual_seed(config.seed)  # minibatch order
+        self.shuffle_generator = torch.Generator().manual_seed(seed)  # minibatch order
         self.output_dir = Path(config.output_dir)
 
         # -- models -------------------------------------------------------------------------
@@ -179,7 +184,7 @@ class RLTrainer:
         step_start = time.perf_counter()
 
         # ---- 1. rollout: G samples per prompt, contiguous ------------------------------
-        prompts_this_step = self.prompt_pool.sample(cfg.prompts_per_step)
+        prompts_this_step = self.prompt_pool.sample(self.local_batch_size // cfg.group_size)  # this rank's share
         problems = [p for p in prompts_this_step for _ in range(cfg.group_size)]  # B = prompts x G
         with timer("generate"):
             rollout = generate(policy, self.tokenizer, [p.prompt for p in problems], cfg.response_length,
@@ -237,19 +242,21 @@ class RLTrainer:
             kl_in_reward = cfg.kl_placement == "reward" and ref_logprobs is not None
             token_rewards = shape_rewards(scores, kl, response_mask, beta, kl_in_reward=kl_in_reward)  # [B, T]
             if cfg.whiten_rewards:
-                token_rewards = whiten_rewards(token_rewards, response_mask, cfg.whiten_rewards_over_padding)
+                token_rewards = whiten_rewards(token_rewards, response_mask, cfg.whiten_rewards_over_padding,
+                                               reduce_sum=distributed.global_sum)
 
         # ---- 6. advantages and returns ----------------------------------------------------
         with timer("advantages"):
             advantages, returns = estimate_advantages(
                 cfg.advantage_estimator, token_rewards=token_rewards, response_mask=response_mask, values=values,
                 group_size=cfg.group_size, gamma=cfg.gamma, lam=cfg.lam, grpo_scale=cfg.grpo_scale,
-                grpo_eps=cfg.grpo_eps, reinforce_baseline=cfg.reinforce_baseline)  # [B, T] each
+                grpo_eps=cfg.grpo_eps, reinforce_baseline=cfg.reinforce_baseline,
+                reduce_sum=distributed.global_sum)  # [B, T] each; batch statistics over all ranks
             if cfg.whiten_advantages and not cfg.whiten_advantages_per_minibatch:
-                advantages = whiten(advantages, response_mask)
+                advantages = whiten(advantages, response_mask, reduce_sum=distributed.global_sum)
         # Responses cut off at response_length can be left out of the loss (DAPO).
         loss_mask = response_mask * rollout.has_eos.float()[:, None] if cfg.mask_truncated_responses else response_mask
-        filter_metrics = {}
+        kept = None
         if cfg.group_size > 1:
             # Difficulty filtering: groups every sample solved (or none did) carry no signal.
             pass_rates = group_pass_rates(correct, cfg.group_size)  # [prompts]
@@ -257,15 +264,8 @@ class RLTrainer:
             if cfg.difficulty_filter:
                 kept = keep_groups(pass_rates, cfg.filter_min_pass_rate, cfg.filter_max_pass_rate)  # [prompts]
                 loss_mask = loss_mask * kept.repeat_interleave(cfg.group_size).float()[:, None]
-            filter_metrics = {
-                "zero_advantage_group_frac": zero_advantage_group_fraction(advantages * response_mask, cfg.group_size),
-                "zero_advantage_group_frac_kept": zero_advantage_group_fraction(
-                    advantages * response_mask, cfg.group_size, among=kept),
-                "kept_group_frac": float(kept.float().mean()),
-            }
-            if cfg.retire_mastered:
-                self.prompt_pool.retire(prompts_this_step, pass_rates)
-                filter_metrics["retired_prompts"] = len(self.prompt_pool.retired)
+            if cfg.retire_mastered:  # every rank retires what any rank mastered
+                self.prompt_pool.retire(*self._gather_pass_rates(prompts_this_step, pass_rates))
 
         # ---- 7. update: epochs x shuffled minibatches x micro-batches ------------------
         buffer_tensors = dict(query_ids=rollout.query_ids, query_mask=rollout.query_mask,
@@ -280,57 +280,61 @@ class RLTrainer:
             update_metrics = self._update(buffer, beta, temperature)
 
         # ---- 8. KL controller and learning-rate schedule -------------------------------
-        mean_sequence_kl = float(kl.sum(-1).mean())
+        mean_sequence_kl = distributed.global_mean(kl.sum(-1))  # over the global batch
         self.kl_controller.update(mean_sequence_kl, cfg.rollout_batch_size)
         for scheduler in self.schedulers:
             scheduler.step()
 
-        # ---- metrics ----------------------------------------------------------------------
-        lengths = rollout.response_lengths.float()
-        metrics = {
-            "step": self.step + 1,
-            "score": float(raw_scores.mean()),
-            "reward": float(token_rewards.sum(-1).mean()),
-            "accuracy": float(correct.float().mean()),
+        # ---- metrics: means over the global batch ----------------------------------------
+        means = distributed.GlobalMeans()
+        lengths = rollout.response_lengths.float()  # [B]
+        has_ref = ref_logprobs is not None
+        for name, values_, mask in (
+                ("score", raw_scores, None), ("reward", token_rewards.sum(-1), None), ("accuracy", correct.float(), None),
+                ("kl", kl.sum(-1), None if has_ref else 0.0), ("kl_k1", kl_k1.sum(-1), None if has_ref else 0.0),
+                ("entropy_rollout", -old_logprobs, response_mask), ("response_length", lengths, None),
+                ("response_length_correct", lengths, correct), ("response_length_incorrect", lengths, ~correct),
+                ("eos_rate", rollout.has_eos.float(), None), ("advantage_mean", advantages, response_mask),
+                ("advantage_abs_mean", advantages.abs(), response_mask)):
             # With beta = 0 there is no reference model, so the KL is not measured (NaN), not 0.
-            "kl": mean_sequence_kl if ref_logprobs is not None else float("nan"),
-            "kl_k1": float(kl_k1.sum(-1).mean()) if ref_logprobs is not None else float("nan"),
-            "kl_coef": beta,
-            "entropy_rollout": _masked_mean(-old_logprobs, response_mask),
-            "response_length": float(lengths.mean()),
-            "response_length_correct": float(lengths[correct].mean()) if correct.any() else float("nan"),
-            "response_length_incorrect": float(lengths[~correct].mean()) if (~correct).any() else float("nan"),
-            "eos_rate": float(rollout.has_eos.float().mean()),
-            "advantage_mean": _masked_mean(advantages, response_mask),
-            "advantage_abs_mean": _masked_mean(advantages.abs(), response_mask),
-            "lr": self.policy_optimizer.param_groups[0]["lr"],
-            **update_metrics,
-        }
+            means.add(name, values_, None if mask is None else torch.as_tensor(mask, device=values_.device))
         if self.reward_model is not None:
-            metrics["gold_score"] = float(task_scores.mean())
-        metrics.update(filter_metrics)
+            means.add("gold_score", task_scores)
+        if values is not None:
+            means.add("value_mean", values, response_mask)
+        if kept is not None:
+            zero_groups = zero_advantage_groups(advantages * response_mask, cfg.group_size).float()  # [prompts]
+            means.add("zero_advantage_group_frac", zero_groups)
+            means.add("zero_advantage_group_frac_kept", zero_groups, kept)
+            means.add("kept_group_frac", kept.float())
+        for phase, seconds in timer.seconds.items():
+            means.add(f"time_{phase}", torch.tensor([seconds]))
+        means.add("time_step", torch.tensor([time.perf_counter() - step_start]))
+        metrics = {"step": self.step + 1, **means.result(), "kl_coef": beta,
+                   "lr": self.policy_optimizer.param_groups[0]["lr"], **update_metrics}
+        if cfg.retire_mastered:
+            metrics["retired_prompts"] = len(self.prompt_pool.retired)
         metrics.update(self._per_level_advantage(problems, advantages, response_mask))
         if values is not None:
-            metrics["value_mean"] = _masked_mean(values, response_mask)
-            metrics["explained_variance"] = explained_variance(values, returns, response_mask)
-        metrics.update({f"time_{phase}": seconds for phase, seconds in timer.seconds.items()})
-        metrics["time_step"] = time.perf_counter() - step_start
-        self._last_samples = [
-            {"step": self.step + 1, "prompt": p.prompt, "response": t, "score": float(s), "correct": bool(c),
-             "has_eos": bool(e)}
+            metrics["explained_variance"] = explained_variance(values, returns, response_mask,
+                                                               reduce_sum=distributed.global_sum)
+        self._last_samples = distributed.gather_objects([
+            {"step": self.step + 1, "rank": distributed.rank(), "prompt": p.prompt, "response": t, "score": float(s),
+             "correct": bool(c), "has_eos": bool(e)}
             for p, t, s, c, e in list(zip(problems, texts, raw_scores.tolist(), correct.tolist(),
                                           rollout.has_eos.tolist()))[: cfg.log_samples]
-        ]
+        ])
         self.step += 1
         return metrics
 
     def _update(self, buffer: ExperienceBuffer, beta: float, temperature: float) -> dict:
         """PPO epochs over the buffer; returns averaged loss and clipping metrics."""
         cfg = self.config
-        sums: dict[str, float] = defaultdict(float)  # per micro-batch
+        means = distributed.GlobalMeans()  # loss metrics: each minibatch's, weighted like its loss
         step_sums: dict[str, float] = defaultdict(float)  # per optimizer step (gradient norms)
-        count = optimizer_steps = 0
+        optimizer_steps = 0
         stop_early = False
+        world = distributed.world_size()
         self.policy.train()
         if self.value_model is not None:
             self.value_model.train()
@@ -340,10 +344,11 @@ class RLTrainer:
                 break
             if cfg.whiten_advantages and cfg.whiten_advantages_per_minibatch:
                 micro_batches = self._whiten_minibatch_advantages(micro_batches)
-            approx_kls = []
-            # Weight each micro-batch so the accumulated gradient equals one big minibatch:
-            # by its share of tokens under token_mean, by its share of sequences otherwise.
-            minibatch_tokens = sum(float(m["loss_mask"].sum()) for m in micro_batches)
+            # Weight each micro-batch by its share of the *global* minibatch, so the accumulated
+            # gradient equals one big minibatch on one process: its share of tokens under
+            # token_mean (counted over all ranks), of sequences otherwise.
+            minibatch_tokens = float(distributed.global_sum(sum(m["loss_mask"].sum() for m in micro_batches)))
+            minibatch_approx_kl = 0.0
             for micro in micro_batches:
                 args = (micro["query_ids"], micro["query_mask"], micro["response_ids"], micro["response_mask"])
                 logprobs, entropy = response_logprobs(self.policy, *args, temperature=temperature, with_entropy=True)
@@ -375,18 +380,19 @@ class RLTrainer:
                 if cfg.loss_agg == "token_mean":
                     weight = float(micro["loss_mask"].sum()) / max(minibatch_tokens, 1.0)
                 else:
-                    weight = 1.0 / cfg.gradient_accumulation_steps
-                self.accelerator.backward(loss * weight)
-                approx_kls.append(metrics.get("approx_kl", 0.0))
+                    weight = 1.0 / (cfg.gradient_accumulation_steps * world)
+                # DDP averages gradients over the ranks: scale by `world` to sum them instead.
+                self.accelerator.backward(loss * (weight * world))
+                minibatch_approx_kl += weight * float(metrics.get("approx_kl", 0.0))
                 for key, value in metrics.items():
-                    sums[key] += float(value)
-                count += 1
+                    means.add_weighted(key, weight * float(value), weight)
             for key, value in self._optimizer_step().items():
                 step_sums[key] += value
             optimizer_steps += 1
-            if cfg.target_kl is not None and sum(approx_kls) / len(approx_kls) > cfg.target_kl:
-                stop_early = True  # cleanrl-style early stop of the remaining epochs
-        averaged = {key: value / max(count, 1) for key, value in sums.items()}
+            if cfg.target_kl is not None:  # cleanrl-style early stop of the remaining epochs
+                minibatch_approx_kl = float(distributed.global_sum(torch.tensor(minibatch_approx_kl)))
+                stop_early = distributed.any_rank(minibatch_approx_kl > cfg.target_kl)  # same on every rank
+        averaged = means.result()
         averaged.update({key: value / max(optimizer_steps, 1) for key, value in step_sums.items()})
         averaged["early_stopped"] = float(stop_early)
         return averaged
@@ -402,14 +408,22 @@ class RLTrainer:
         if any(level is None for level in levels):
             return {}
         per_sample = (advantages.abs() * response_mask).sum(-1) / response_mask.sum(-1).clamp(min=1)  # [B]
-        level_ids = torch.tensor(levels, device=per_sample.device)
+        pairs = distributed.gather_objects(list(zip(levels, per_sample.tolist())))  # every rank's samples
+        level_ids = torch.tensor([level for level, _ in pairs])
+        per_sample = torch.tensor([value for _, value in pairs], dtype=torch.float64)
         total = float(per_sample.sum())
         metrics = {}
-        for level in sorted(set(levels)):
+        for level in sorted(set(level_ids.tolist())):
             chosen = per_sample[level_ids == level]
             metrics[f"adv_abs_level{level}"] = float(chosen.mean())
             metrics[f"adv_share_level{level}"] = float(chosen.sum()) / total if total > 0 else float("nan")
         return metrics
+
+    @staticmethod
+    def _gather_pass_rates(problems, pass_rates: torch.Tensor) -> tuple[list, torch.Tensor]:
+        """Every rank's (problem, group pass rate) pairs, so all ranks retire the same prompts."""
+        pairs = distributed.gather_objects(list(zip(problems, pass_rates.tolist())))
+        return [problem for problem, _ in pairs], torch.tensor([rate for _, rate in pairs])
 
     # ====================================================================================
     # Plumbing: models, optimisers, devices
@@ -485,7 +499,7 @@ class RLTrainer:
     def _whiten_minibatch_advantages(self, micro_batches: list[dict]) -> list[dict]:
         advantages = torch.cat([m["advantages"] for m in micro_batches])
         mask = torch.cat([m["response_mask"] for m in micro_batches])
-        whitened = whiten(advantages, mask).split([m["advantages"].shape[0] for m in micro_batches])
+        whitened = whiten(advantages, mask, reduce_sum=distributed.global_sum).split([m["advantages"].shape[0] for m in micro_batches])
         return [{**m, "advantages": w} for m, w in zip(micro_batches, whitened)]
 
     def _to_device(self, rollout: Rollout) -> Rollout:
@@ -506,21 +520,28 @@ class RLTrainer:
     # Plumbing: the run (logging, evaluation, checkpoints)
     # ====================================================================================
     def evaluate(self) -> dict:
+        """Held-out metrics; with N processes each scores every N-th problem and all are reduced."""
         cfg = self.config
         problems = list(self.task.eval_problems())
         if cfg.eval_size is not None:
             problems = problems[: cfg.eval_size]
+        shard = problems[distributed.rank()::distributed.world_size()]
+        seed = distributed.rank_seed(cfg.seed, distributed.rank())
         policy = self.accelerator.unwrap_model(self.policy)
         metrics = evaluate(policy, self.tokenizer, self.task, cfg.response_length, temperature=1.0,
-                           seed=cfg.seed, problems=problems)
+                           seed=seed, problems=shard)
         if hasattr(self.task, "extra_eval"):
             # Task-specific held-out metrics (e.g. gold reward and win rate against the SFT
             # policy for the simulated-preference task); RNG state is the task's to keep.
             rng_state = torch.get_rng_state()
             try:
-                metrics.update(self.task.extra_eval(policy, self.tokenizer, problems, cfg.response_length, cfg.seed))
+                extra = self.task.extra_eval(policy, self.tokenizer, shard, cfg.response_length, seed)
             finally:
                 torch.set_rng_state(rng_state)
+            means = distributed.GlobalMeans()  # per-problem means: weight each shard by its size
+            for name, value in extra.items():
+                means.add_weighted(name, value * len(shard), len(shard))
+            metrics.update(means.result())
         return metrics
 
     def train(self, resume: bool = False, stop_after: int | None = None) -> dict:
@@ -540,21 +561,26 @@ class RLTrainer:
             if (self.output_dir / "metrics.jsonl").exists():
                 raise FileExistsError(f"{self.output_dir}: a run already exists here; pass resume=True (--resume) "
                                       "or choose another output_dir")
+            distributed.barrier()  # every rank has checked before the main process creates the run
+        # One writer: only the main process writes the run directory's files.
+        main = distributed.is_main_process()
+        if main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
-        cfg.to_yaml(self.output_dir / "config.yaml")
-        self._truncate_logs(self.step)
-        self.writer = SummaryWriter(str(self.output_dir), purge_step=self.step + 1 if resume else None)
-        if not resume:
-            self.writer.add_text("config", describe(cfg), 0)
+            cfg.to_yaml(self.output_dir / "config.yaml")
+            self._truncate_logs(self.step)
+            self.writer = SummaryWriter(str(self.output_dir), purge_step=self.step + 1 if resume else None)
+            if not resume:
+                self.writer.add_text("config", describe(cfg), 0)
         initial_eval = None
         if self.step == 0:
             initial_eval = self.evaluate()
             self._log({"step": 0, **{f"eval_{k}": v for k, v in initial_eval.items()}})
-            (self.output_dir / "initial_eval.json").write_text(json.dumps(initial_eval, indent=2))
+            if main:
+                (self.output_dir / "initial_eval.json").write_text(json.dumps(initial_eval, indent=2))
         elif (self.output_dir / "initial_eval.json").exists():
             initial_eval = json.loads((self.output_dir / "initial_eval.json").read_text())
         bar = tqdm(total=cfg.total_steps, initial=self.step, desc=f"RL ({cfg.advantage_estimator})",
-                   disable=not cfg.progress, dynamic_ncols=True)
+                   disable=not (cfg.progress and main), dynamic_ncols=True)
         final_eval = None
         end = cfg.total_steps if stop_after is None else min(stop_after, cfg.total_steps)
         while self.step < end:
@@ -572,7 +598,8 @@ class RLTrainer:
             bar.set_postfix(acc=f"{metrics['accuracy']:.2f}", kl=f"{metrics['kl']:.3f}",
                             eval=f"{metrics.get('eval_sampled_accuracy', float('nan')):.2f}")
         bar.close()
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
         final_eval = final_eval or self.evaluate()
         summary = {
             "steps": self.step,
@@ -583,10 +610,14 @@ class RLTrainer:
         }
         if initial_eval:
             summary["sampled_accuracy_gain"] = final_eval["sampled_accuracy"] - initial_eval["sampled_accuracy"]
-        (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        summary["processes"] = distributed.world_size()
+        if main:
+            (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 
     def _log(self, metrics: dict) -> None:
+        if not distributed.is_main_process():
+            return
         with open(self.output_dir / "metrics.jsonl", "a") as handle:
             handle.write(json.dumps(metrics) + "\n")
         step = metrics["step"]
@@ -595,6 +626,8 @@ class RLTrainer:
                 self.writer.add_scalar(key, value, step)
 
     def _write_samples(self) -> None:
+        if not distributed.is_main_process():
+            return
         with open(self.output_dir / "samples.jsonl", "a") as handle:
             for sample in self._last_samples:
                 handle.write(json.dumps(sample) + "\n")
@@ -609,37 +642,56 @@ class RLTrainer:
 
     # -- checkpoints ---------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
-        """Write ``checkpoints/step_N`` atomically (temp dir + rename); prune old ones."""
+        """Write ``checkpoints/step_N`` atomically (temp dir + rename); prune old ones.
+
+        The main process writes the weights and optimizer state (identical on every rank);
+        every other rank adds its own RNG state (``rng_rank{r}.pt``: its prompts, samples and
+        minibatch order), so an N-process resume continues exactly like a straight run.
+        """
         root = self.output_dir / "checkpoints"
         final = root / f"step_{self.step:06d}"
-        tmp = root / f".tmp_step_{self.step:06d}_{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        self.accelerator.unwrap_model(self.policy).save_pretrained(tmp / "policy")
-        self.tokenizer.save_pretrained(tmp / "policy")
-        if self.value_model is not None:
-            self.accelerator.unwrap_model(self.value_model).save_pretrained(tmp / "value")
-        torch.save({
-            "policy_optimizer": self.policy_optimizer.state_dict(),
-            "value_optimizer": self.value_optimizer.state_dict() if self.value_optimizer else None,
-            "schedulers": [s.state_dict() for s in self.schedulers],
-            "torch_rng": torch.get_rng_state(),
-            "shuffle_rng": self.shuffle_generator.get_state(),
-            "python_rng": self.rng.getstate(),
-        }, tmp / "trainer_state.pt")
-        (tmp / "state.json").write_text(json.dumps({"step": self.step, "kl_controller": self.kl_controller.state_dict(),
-                                                    "model_path": self.model_path,
-                                                    "retired_prompts": sorted(self.prompt_pool.retired)}))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        checkpoints = sorted(root.glob("step_*"))
-        for old in checkpoints[: -self.config.keep_checkpoints] if self.config.keep_checkpoints else []:
-            shutil.rmtree(old)
+        tmp = root / f".tmp_step_{self.step:06d}_{distributed.broadcast_object(os.getpid())}"
+        if distributed.is_main_process():
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            self.accelerator.unwrap_model(self.policy).save_pretrained(tmp / "policy")
+            self.tokenizer.save_pretrained(tmp / "policy")
+            if self.value_model is not None:
+                self.accelerator.unwrap_model(self.value_model).save_pretrained(tmp / "value")
+            torch.save({
+                "policy_optimizer": self.policy_optimizer.state_dict(),
+                "value_optimizer": self.value_optimizer.state_dict() if self.value_optimizer else None,
+                "schedulers": [s.state_dict() for s in self.schedulers],
+                **self._rng_state(),
+            }, tmp / "trainer_state.pt")
+            (tmp / "state.json").write_text(json.dumps({
+                "step": self.step, "kl_controller": self.kl_controller.state_dict(), "model_path": self.model_path,
+                "retired_prompts": sorted(self.prompt_pool.retired), "world_size": distributed.world_size()}))
+        distributed.barrier()  # the folder exists
+        if not distributed.is_main_process():
+            torch.save(self._rng_state(), tmp / f"rng_rank{distributed.rank()}.pt")
+        distributed.barrier()  # every rank's state is in it
+        if distributed.is_main_process():
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            checkpoints = sorted(root.glob("step_*"))
+            for old in checkpoints[: -self.config.keep_checkpoints] if self.config.keep_checkpoints else []:
+                shutil.rmtree(old)
+        distributed.barrier()
         return final
 
+    def _rng_state(self) -> dict:
+        return {"torch_rng": torch.get_rng_state(), "shuffle_rng": self.shuffle_generator.get_state(),
+                "python_rng": self.rng.getstate()}
+
     def load_checkpoint(self) -> bool:
-        """Restore the latest complete checkpoint; False when there is none."""
+        """Restore the latest complete checkpoint; False when there is none.
+
+        A checkpoint loads under any number of processes that divides the batch; ranks that
+        have no saved RNG state (the world size changed) start fresh streams from their seed
+        and the step, so the run continues correctly but not bit-identically.
+        """
         checkpoints = sorted((self.output_dir / "checkpoints").glob("step_*"))
         checkpoints = [c for c in checkpoints if (c / "state.json").exists()]
         if not checkpoints:
@@ -650,20 +702,32 @@ class RLTrainer:
         if self.value_model is not None:
             loaded = ScalarHeadModel.from_pretrained(path / "value")
             self.accelerator.unwrap_model(self.value_model).load_state_dict(loaded.state_dict())
-        state = torch.load(path / "trainer_state.pt", weights_only=False)
+        state = torch.load(path / "trainer_state.pt", weights_only=True)
         self.policy_optimizer.load_state_dict(state["policy_optimizer"])
         if self.value_optimizer is not None:
             self.value_optimizer.load_state_dict(state["value_optimizer"])
         for scheduler, scheduler_state in zip(self.schedulers, state["schedulers"]):
             scheduler.load_state_dict(scheduler_state)
-        torch.set_rng_state(state["torch_rng"])
-        self.shuffle_generator.set_state(state["shuffle_rng"])
-        self.rng.setstate(state["python_rng"])
         info = json.loads((path / "state.json").read_text())
+        rank_file = path / f"rng_rank{distributed.rank()}.pt"
+        if distributed.is_main_process():
+            self._set_rng_state(state)
+        elif rank_file.exists() and info.get("world_size", 1) == distributed.world_size():
+            self._set_rng_state(torch.load(rank_file, weights_only=True))
+        else:
+            seed = distributed.rank_seed(self.config.seed + info["step"], distributed.rank())
+            self._set_rng_state({"torch_rng": torch.manual_seed(seed).get_state(),
+                                 "shuffle_rng": torch.Generator().manual_seed(seed).get_state(),
+                                 "python_rng": random.Random(seed).getstate()})
         self.step = info["step"]
         self.kl_controller.load_state_dict(info["kl_controller"])
         self.prompt_pool.retired = set(info.get("retired_prompts", []))
         return True
+
+    def _set_rng_state(self, state: dict) -> None:
+        torch.set_rng_state(state["torch_rng"])
+        self.shuffle_generator.set_state(state["shuffle_rng"])
+        self.rng.setstate(state["python_rng"])
 
 
 def _load_safetensors_dir(path: Path) -> dict:

@@ -1,0 +1,149 @@
+"""Data parallelism: the few collectives the training loop needs, in one place.
+
+With N processes (``torchrun`` / ``accelerate launch``), each rank samples its own prompts,
+generates, scores and computes its share of the rollout batch; the model update is kept
+identical on every rank by DDP's gradient all-reduce. Everything else that must not depend
+on how the batch was split lives here:
+
+- **Global statistics.** Reward and advantage whitening, the batch-scope group std, the
+  token count that weights ``token_mean`` micro-batches, the KL controller's input and the
+  ``target_kl`` early-stop decision all use statistics over the *whole* rollout batch.
+  The math functions in ``gae/`` and ``ppo/losses.py`` take an optional ``reduce_sum``
+  (`global_sum` below) so they stay pure tensor code and still compute global moments.
+- **Metrics** are means over the global batch, reduced in one all-reduce (`GlobalMeans`).
+- **Seeds.** `rank_seed` derives each rank's seed from the run's seed; rank 0 keeps the
+  run's own seed, so a one-process run is exactly what it was before parallelism.
+
+With one process (no ``torch.distributed`` group) every function is the identity, so the
+loop reads the same either way.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def is_main_process() -> bool:
+    return rank() == 0
+
+
+def rank_seed(seed: int, process_rank: int) -> int:
+    """The seed of one rank: `seed` itself on rank 0, a hash of (seed, rank) elsewhere.
+
+    Hashing instead of ``seed + rank`` keeps ranks of one run from colliding with other
+    runs' seeds (seed 0 rank 1 must not sample what seed 1 rank 0 samples).
+    """
+    if process_rank == 0:
+        return seed
+    digest = hashlib.sha256(f"ppo-details/{seed}/{process_rank}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") % (2**63 - 1)
+
+
+def _collective_device() -> torch.device:
+    """NCCL reduces GPU tensors only; gloo (CPU runs) reduces CPU tensors."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def global_sum(values: torch.Tensor) -> torch.Tensor:
+    """Elementwise sum of `values` over all ranks (a new tensor; the input is untouched)."""
+    if not is_distributed():
+        return values
+    total = values.detach().to(_collective_device(), copy=True)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total.to(values.device)
+
+
+def global_mean(values: torch.Tensor) -> float:
+    """Mean of every element of `values` on every rank (ranks may hold different counts)."""
+    moments = global_sum(torch.stack([values.detach().double().sum(),
+                                      torch.tensor(values.numel(), dtype=torch.float64, device=values.device)]))
+    return float(moments[0] / moments[1]) if moments[1] > 0 else float("nan")
+
+
+def any_rank(flag: bool, device: torch.device | str = "cpu") -> bool:
+    """True on every rank when `flag` is True on at least one (keeps decisions in step)."""
+    return bool(global_sum(torch.tensor([float(flag)], device=device))[0] > 0)
+
+
+def gather_objects(values: list[Any]) -> list[Any]:
+    """Concatenate a list of picklable objects from every rank, in rank order."""
+    if not is_distributed():
+        return list(values)
+    per_rank: list[list[Any] | None] = [None] * world_size()
+    dist.all_gather_object(per_rank, list(values))
+    return [item for chunk in per_rank for item in chunk]
+
+
+def broadcast_object(value: Any) -> Any:
+    """Rank 0's `value` on every rank."""
+    if not is_distributed():
+        return value
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()
+
+
+class GlobalMeans:
+    """Means over the whole (global) batch, reduced across ranks in a single all-reduce.
+
+    Each entry is a (sum, count) pair; `result()` sums both over ranks and divides, so a
+    metric is the same whether one process holds the batch or N processes hold a part each.
+    A metric whose count is 0 everywhere (e.g. the length of correct answers when none
+    was correct) is NaN.
+
+    >>> means = GlobalMeans()
+    >>> means.add("score", torch.tensor([1.0, 0.0, 1.0]))
+    >>> means.add("length_correct", torch.tensor([4.0, 9.0, 6.0]), torch.tensor([1.0, 0.0, 1.0]))
+    >>> means.result()
+    {'score': 0.6666666666666666, 'length_correct': 5.0}
+    """
+
+    def __init__(self):
+        self._totals: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def add(self, name: str, values: torch.Tensor, mask: torch.Tensor | None = None) -> None:
+        """Add every element of `values` (those where `mask` is nonzero, weighted by it)."""
+        values = values.detach().double()
+        weights = torch.ones_like(values) if mask is None else mask.detach().double().expand_as(values)
+        self.add_weighted(name, (values * weights).sum(), weights.sum())
+
+    def add_weighted(self, name: str, weighted_sum: torch.Tensor | float, weight: torch.Tensor | float) -> None:
+        """Add a pre-weighted sum and its total weight (accumulates if `name` exists)."""
+        weighted_sum = torch.as_tensor(weighted_sum, dtype=torch.float64)
+        weight = torch.as_tensor(weight, dtype=torch.float64)
+        if name in self._totals:
+            old_sum, old_weight = self._totals[name]
+            weighted_sum, weight = old_sum + weighted_sum.to(old_sum.device), old_weight + weight.to(old_sum.device)
+        self._totals[name] = (weighted_sum, weight)
+
+    def result(self) -> dict[str, float]:
+        if not self._totals:
+            return {}
+        names = list(self._totals)
+        device = next(iter(self._totals.values()))[0].device
+        stacked = torch.stack([torch.stack([s.to(device), w.to(device)]) for s, w in self._totals.values()])  # [M, 2]
+        stacked = global_sum(stacked)
+        return {name: float(s / w) if w > 0 else float("nan") for name, (s, w) in zip(names, stacked.tolist())}

@@ -71,6 +71,15 @@ def global_sum(values: torch.Tensor) -> torch.Tensor:
     return total.to(values.device)
 
 
+def global_max(values: torch.Tensor) -> torch.Tensor:
+    """Elementwise maximum of `values` over all ranks."""
+    if not is_distributed():
+        return values
+    result = values.detach().to(_collective_device(), copy=True)
+    dist.all_reduce(result, op=dist.ReduceOp.MAX)
+    return result.to(values.device)
+
+
 def global_mean(values: torch.Tensor) -> float:
     """Mean of every element of `values` on every rank (ranks may hold different counts)."""
     moments = global_sum(torch.stack([values.detach().double().sum(),

@@ -331,6 +331,7 @@ class RLTrainer:
         """PPO epochs over the buffer; returns averaged loss and clipping metrics."""
         cfg = self.config
         means = distributed.GlobalMeans()  # loss metrics: each minibatch's, weighted like its loss
+        maxima: dict[str, float] = {}  # e.g. ratio_max: the largest over every micro-batch and rank
         step_sums: dict[str, float] = defaultdict(float)  # per optimizer step (gradient norms)
         optimizer_steps = 0
         stop_early = False
@@ -385,7 +386,10 @@ class RLTrainer:
                 self.accelerator.backward(loss * (weight * world))
                 minibatch_approx_kl += weight * float(metrics.get("approx_kl", 0.0))
                 for key, value in metrics.items():
-                    means.add_weighted(key, weight * float(value), weight)
+                    if key.endswith("_max"):  # a maximum over the whole update, not a mean
+                        maxima[key] = max(maxima.get(key, -math.inf), float(value))
+                    else:
+                        means.add_weighted(key, weight * float(value), weight)
             for key, value in self._optimizer_step().items():
                 step_sums[key] += value
             optimizer_steps += 1
@@ -393,6 +397,8 @@ class RLTrainer:
                 minibatch_approx_kl = float(distributed.global_sum(torch.tensor(minibatch_approx_kl)))
                 stop_early = distributed.any_rank(minibatch_approx_kl > cfg.target_kl)  # same on every rank
         averaged = means.result()
+        if maxima:
+            averaged.update(zip(maxima, distributed.global_max(torch.tensor(list(maxima.values()))).tolist()))
         averaged.update({key: value / max(optimizer_steps, 1) for key, value in step_sums.items()})
         averaged["early_stopped"] = float(stop_early)
         return averaged

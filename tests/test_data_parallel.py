@@ -1,0 +1,143 @@
+"""Data parallelism with real processes: 1 vs 2 CPU processes over gloo (torch.distributed.run).
+
+- the same rollout batch gives the same update and the same logged metrics on 1 and on 2
+  processes (each holding half), for GAE with whitening + token_mean and for GRPO with a
+  batch-scope std;
+- a 2-process run divides the work (different prompts per rank) and writes one result;
+- 2-process resume equals a straight 2-process run; a target_kl early stop never deadlocks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ppo import distributed
+from ppo.config import PPOConfig
+
+WORKER = Path(__file__).with_name("data_parallel_worker.py")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(processes: int, model_dir: Path, out: Path, *scenarios: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
+               "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(WORKER), str(model_dir),
+               str(out), *scenarios]
+    result = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_model_dir):
+    """One launch with 1 process and one with 2 (each runs every scenario it is given)."""
+    root = tmp_path_factory.mktemp("dp")
+    launch(1, tiny_model_dir, root / "one", "update")
+    launch(2, tiny_model_dir, root / "two", "update", "train")
+    return root
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def assert_metrics_close(one: dict, two: dict) -> None:
+    assert set(one) == set(two)
+    for key in one:
+        if key.startswith("time_"):
+            continue
+        a, b = one[key], two[key]
+        if isinstance(a, float) and math.isnan(a):
+            assert math.isnan(b), key
+        else:
+            assert b == pytest.approx(a, rel=1e-5, abs=1e-6), key
+
+
+@pytest.mark.parametrize("name", ["gae", "grpo"])
+def test_same_update_on_one_and_two_processes(runs, name):
+    one = torch.load(runs / "one" / f"update_{name}_weights.pt", weights_only=True)
+    two = torch.load(runs / "two" / f"update_{name}_weights.pt", weights_only=True)
+    for key in one:
+        assert torch.allclose(one[key], two[key], atol=1e-5, rtol=0), key
+    metrics_one = json.loads((runs / "one" / f"update_{name}_metrics.json").read_text())
+    metrics_two = json.loads((runs / "two" / f"update_{name}_metrics.json").read_text())
+    assert_metrics_close(metrics_one, metrics_two)
+    # The update really moved the weights (a no-op update would trivially agree).
+    assert metrics_one["policy_grad_norm"] > 0 and metrics_one["advantage_abs_mean"] > 0
+
+
+def test_two_processes_divide_the_work_and_write_one_result(runs):
+    run = runs / "two" / "straight"
+    rows = read_rows(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [0, 1, 2, 3, 4]  # one line per step, not one per rank
+    assert len(list(run.glob("events.out.tfevents.*"))) == 1
+    samples = read_rows(run / "samples.jsonl")
+    for step in (1, 2, 3, 4):
+        prompts = {rank: {s["prompt"] for s in samples if s["step"] == step and s["rank"] == rank} for rank in (0, 1)}
+        assert prompts[0] and prompts[1] and prompts[0].isdisjoint(prompts[1]), step  # each rank its own prompts
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["processes"] == 2 and summary["samples"] == 4 * 8  # both ranks' samples
+    assert "eval_sampled_accuracy" in rows[0] and "eval_sampled_accuracy" in rows[2]
+    assert any(r.get("advantage_abs_mean", 0) > 0 for r in rows)  # the run had a learning signal
+
+
+def test_two_process_resume_equals_a_straight_run(runs):
+    def strip(rows):
+        return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in rows]
+
+    straight = strip(read_rows(runs / "two" / "straight" / "metrics.jsonl"))
+    split = strip(read_rows(runs / "two" / "split" / "metrics.jsonl"))
+    assert straight == split
+    assert json.loads((runs / "two" / "train.json").read_text())["resumed_weights_equal"]
+    checkpoint = runs / "two" / "split" / "checkpoints" / "step_000004"
+    assert (checkpoint / "rng_rank1.pt").is_file()
+
+
+def test_target_kl_early_stop_is_the_same_on_every_rank(runs):
+    decisions = json.loads((runs / "two" / "train.json").read_text())["early_stopped"]
+    assert len(decisions) == 2 and decisions[0] == decisions[1]
+    assert any(decisions[0]), "target_kl must actually stop some step early for this test to mean anything"
+
+
+def test_batch_that_does_not_divide_names_fields_and_world_size():
+    config = PPOConfig(rollout_batch_size=12, group_size=4)
+    assert config.per_process_batch_size(1) == 12
+    with pytest.raises(ValueError, match=r"rollout_batch_size.*\(12\).*processes \(5\)"):
+        config.per_process_batch_size(5)
+    with pytest.raises(ValueError, match=r"group_size: with 2 processes each process samples 6"):
+        config.per_process_batch_size(2)
+    with pytest.raises(ValueError, match=r"num_minibatches: with 2 processes"):
+        PPOConfig(rollout_batch_size=8, num_minibatches=8).per_process_batch_size(2)
+
+
+def test_rank_seeds_differ_and_keep_rank_zero():
+    assert distributed.rank_seed(3, 0) == 3
+    assert len({distributed.rank_seed(s, r) for s in range(4) for r in range(4)}) == 16
+
+
+def test_collectives_are_the_identity_in_one_process():
+    x = torch.tensor([1.0, 2.0])
+    assert distributed.world_size() == 1 and distributed.is_main_process()
+    assert torch.equal(distributed.global_sum(x), x)
+    assert distributed.gather_objects([1, 2]) == [1, 2]
+    assert distributed.any_rank(True) and not distributed.any_rank(False)
+    means = distributed.GlobalMeans()
+    means.add("a", torch.tensor([1.0, 3.0]), torch.tensor([1.0, 0.0]))
+    means.add("empty", torch.tensor([1.0]), torch.tensor([0.0]))
+    result = means.result()
+    assert result["a"] == 1.0 and math.isnan(result["empty"])

@@ -39,7 +39,7 @@ from value_model.reward_model import last_token_scores
 
 from .buffer import ExperienceBuffer
 from .config import PPOConfig, describe
-from .evaluation import evaluate, score_batch
+from .evaluation import evaluate, preserve_rng_state, score_batch
 from .filtering import PromptPool, group_pass_rates, keep_groups, zero_advantage_group_fraction
 from .kl import kl_penalty, make_kl_controller
 from .logprobs import logprobs_from_logits, response_logprobs, response_values
@@ -515,12 +515,9 @@ class RLTrainer:
                            seed=cfg.seed, problems=problems)
         if hasattr(self.task, "extra_eval"):
             # Task-specific held-out metrics (e.g. gold reward and win rate against the SFT
-            # policy for the simulated-preference task); RNG state is the task's to keep.
-            rng_state = torch.get_rng_state()
-            try:
+            # policy for the simulated-preference task); it reseeds, so every generator is restored.
+            with preserve_rng_state():
                 metrics.update(self.task.extra_eval(policy, self.tokenizer, problems, cfg.response_length, cfg.seed))
-            finally:
-                torch.set_rng_state(rng_state)
         return metrics
 
     def train(self, resume: bool = False, stop_after: int | None = None) -> dict:

@@ -85,7 +85,7 @@ def build_task(config: PPOConfig, prompts: list[str] | None = None, reward_fn: C
             raise ValueError("PPOConfig.task='custom' needs both prompts and reward_fn")
         return CustomTask(prompts=list(prompts), reward_fn=reward_fn)
     if config.task == "gsm8k":
-        return GSM8KTask(config.task_path, eval_path=config.eval_path)
+        return GSM8KTask(config.task_path, eval_path=config.eval_path, answer_mode=config.gsm8k_answer_mode)
     if config.task == "preference":
         from .tasks.preferences import PreferenceTask
 

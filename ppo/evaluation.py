@@ -40,7 +40,9 @@ def accelerator_rng_devices() -> tuple[str, list[int]] | None:
 
     None when torch has no usable accelerator, or when its runtime was never initialised in
     this process (nothing has been sampled there, and reading its generators would create a
-    device context, hundreds of MB of GPU memory, for a CPU-only run). All indices, not just
+    device context, hundreds of MB of GPU memory, for a CPU-only run; torch only queues a
+    reseed of an uninitialised device, and the trainer initialises its device before the
+    first evaluation). All indices, not just
     the current device: ``torch.manual_seed`` reseeds every device's generator. Reading a
     generator's state is a host-side copy and needs no context on that device.
     """
@@ -63,7 +65,6 @@ def preserve_rng_state() -> Iterator[None]:
     with mid-run evaluations resumes exactly. ``torch.random.fork_rng`` does the torch
     part (CPU plus the listed devices of one device type)::
 
-        >>> before = torch.rand(1); _ = torch.manual_seed(0)
         >>> state = torch.get_rng_state()
         >>> with preserve_rng_state():
         ...     _ = torch.manual_seed(123); _ = torch.rand(5)

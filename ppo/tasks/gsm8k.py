@@ -1,9 +1,9 @@
-"""A JSONL math task in the GSM8K layout, for real models.
+r"""A JSONL math task in the GSM8K layout, for real models.
 
 Each line is a JSON object with a ``question`` and an ``answer`` whose last line is
 ``#### <number>`` (GSM8K's layout: the worked solution, then the final number)::
 
-    {"question": "Tom has 3 apples ...", "answer": "3 + 4 = 7\\n#### 7"}
+    {"question": "Tom has 3 apples ...", "answer": "3 + 4 = 7\n#### 7"}
 
 The reward is numeric answer checking: one number is read from the response and compared
 with the gold number as a float with a tiny tolerance, so ``"7"``, ``"7.0"`` and ``"7.00"``

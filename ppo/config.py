@@ -25,6 +25,7 @@ import yaml
 
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "abs")
 ADVANTAGE_ESTIMATOR_NAMES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce")
+GSM8K_ANSWER_MODES = ("strict", "flexible")  # implemented in ppo/tasks/gsm8k.py `extract_answer`
 LOSS_AGG_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 
@@ -44,6 +45,7 @@ class PPOConfig:
     task: str = _f("arithmetic", "Task: 'arithmetic' (the testbed), 'preference' (the testbed scored by a hidden gold scorer; train against reward_model_path: AlpacaFarm-style RLHF), 'gsm8k' (JSONL at task_path), or 'custom' (prompts + reward_fn from Python).")
     task_path: str | None = _f(None, "Training JSONL for task='gsm8k' (GSM8K layout: question, answer ending '#### <number>').")
     eval_path: str | None = _f(None, "Held-out JSONL for task='gsm8k' (default: the training file).")
+    gsm8k_answer_mode: str = _f("flexible", "Which number of a task='gsm8k' response is its answer, as lm-evaluation-harness's gsm8k scoring: 'strict' (strict-match: the number right after the first '#### '; no marker, no answer) or 'flexible' (flexible-extract: the last \\boxed{} number, else the last number). Default flexible: base models rarely write '####', and under strict nearly every group scores 0 and gives no gradient; strict also rewards the format. Both cut at an invented next 'Question:' / 'Q:'.")
     output_dir: str = _f("runs/ppo", "Run directory: config.yaml, metrics.jsonl, samples.jsonl, tensorboard events, checkpoints/, summary.json.")
     seed: int = _f(0, "Seed for prompt sampling, rollouts and initialisation.")
     total_steps: int = _f(100, "RL iterations (one rollout batch + its updates each).")
@@ -201,6 +203,7 @@ class PPOConfig:
         if self.eval_size is not None and self.eval_size < 1:
             bad("eval_size", "must be a positive integer or None")
         choice("task", ("arithmetic", "preference", "gsm8k", "custom"))
+        choice("gsm8k_answer_mode", GSM8K_ANSWER_MODES)
         if self.task == "preference" and not self.reward_model_path:
             bad("reward_model_path", "is required for task='preference' (RLHF trains against a reward model)")
         choice("kl_estimator", KL_ESTIMATOR_NAMES)

@@ -5,13 +5,21 @@ model "knows"; sampled accuracy at temperature 1 is what the policy actually doe
 explores, and it is the one RL optimises directly (a sharper policy raises it even when
 greedy accuracy stays put). Lengths are split into correct and incorrect responses because
 several ablations (GRPO's length normalisation, Kimi's length reward) move them apart.
+
+Evaluation reseeds sampling (so two evaluations of the same policy agree) and must then
+put every random generator back as it found it: `preserve_rng_state` saves and restores
+Python's, torch's CPU generator and the accelerator's per-device generators (CUDA, MPS,
+XPU, ...). Restoring only the CPU generator is not enough on a GPU: ``torch.manual_seed``
+also reseeds every CUDA generator, so each mid-run evaluation would reset the training
+run's GPU sampling stream and a resumed run would no longer match a straight one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections import defaultdict
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -26,6 +34,56 @@ def score_batch(task: Task, problems: Sequence[Problem], texts: list[str], has_e
     if hasattr(task, "score_batch"):
         return task.score_batch(problems, texts, has_eos)
     return [task.score(problem, text, eos) for problem, text, eos in zip(problems, texts, has_eos)]
+
+
+def accelerator_rng_devices() -> tuple[str, list[int]] | None:
+    """The accelerator whose generators a reseed touches: ``(device_type, device indices)``.
+
+    None when torch has no usable accelerator, or when its runtime was never initialised in
+    this process (nothing has been sampled there, and reading its generators would create a
+    device context, hundreds of MB of GPU memory, for a CPU-only run; torch only queues a
+    reseed of an uninitialised device, and the trainer initialises its device before the
+    first evaluation). All indices, not just
+    the current device: ``torch.manual_seed`` reseeds every device's generator. Reading a
+    generator's state is a host-side copy and needs no context on that device.
+    """
+    if not torch.accelerator.is_available():
+        return None
+    device_type = torch.accelerator.current_accelerator().type
+    module = torch.get_device_module(device_type)
+    is_initialized = getattr(module, "is_initialized", None)
+    if is_initialized is not None and not is_initialized():
+        return None
+    return device_type, list(range(module.device_count()))
+
+
+@contextlib.contextmanager
+def preserve_rng_state() -> Iterator[None]:
+    """Restore Python's, torch's CPU and the accelerator's device RNG states on exit.
+
+    Evaluation reseeds and samples inside this block; training afterwards draws exactly
+    the numbers it would have drawn without the evaluation (on CPU and on GPU), so a run
+    with mid-run evaluations resumes exactly. ``torch.random.fork_rng`` does the torch
+    part (CPU plus the listed devices of one device type)::
+
+        >>> state = torch.get_rng_state()
+        >>> with preserve_rng_state():
+        ...     _ = torch.manual_seed(123); _ = torch.rand(5)
+        >>> torch.equal(torch.get_rng_state(), state)
+        True
+    """
+    python_state = random.getstate()
+    accelerator = accelerator_rng_devices()
+    if accelerator is None:
+        fork = torch.random.fork_rng(devices=[])  # CPU generator only
+    else:
+        device_type, devices = accelerator
+        fork = torch.random.fork_rng(devices=devices, device_type=device_type)
+    try:
+        with fork:
+            yield
+    finally:
+        random.setstate(python_state)
 
 
 def _mean(values: list[float]) -> float:
@@ -92,22 +150,18 @@ def evaluate(
 ) -> dict:
     """Greedy and sampled (at `temperature`) metrics on the task's held-out set.
 
-    Sampling is seeded with `seed` and the global RNG state is restored afterwards, so an
-    evaluation in the middle of training does not change the training run's randomness.
+    Sampling is seeded with `seed` and every global RNG state (Python, torch CPU, accelerator
+    devices) is restored afterwards (`preserve_rng_state`), so an evaluation in the middle
+    of training does not change the training run's randomness.
     Returns a flat dict: ``greedy_accuracy``, ``sampled_accuracy``,
     ``sampled_length_correct``, ... and per-level accuracies.
     """
     problems = list(task.eval_problems() if problems is None else problems)
-    rng_state = torch.get_rng_state()
-    python_state = random.getstate()
-    try:
+    with preserve_rng_state():
         torch.manual_seed(seed)
         greedy = score_generations(model, tokenizer, task, problems, max_new_tokens, greedy=True, batch_size=batch_size)
         sampled = score_generations(model, tokenizer, task, problems, max_new_tokens, greedy=False,
                                     temperature=temperature, batch_size=batch_size)
-    finally:
-        torch.set_rng_state(rng_state)
-        random.setstate(python_state)
     flat = {}
     for prefix, result in (("greedy", greedy), ("sampled", sampled)):
         for key, value in result.items():

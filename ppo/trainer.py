@@ -40,7 +40,7 @@ from value_model.reward_model import last_token_scores
 from . import distributed
 from .buffer import ExperienceBuffer
 from .config import PPOConfig, describe
-from .evaluation import evaluate, score_batch
+from .evaluation import accelerator_rng_devices, evaluate, preserve_rng_state, score_batch
 from .filtering import PromptPool, group_pass_rates, keep_groups, zero_advantage_groups
 from .kl import kl_penalty, make_kl_controller
 from .logprobs import logprobs_from_logits, response_logprobs, response_values
@@ -86,7 +86,7 @@ def build_task(config: PPOConfig, prompts: list[str] | None = None, reward_fn: C
             raise ValueError("PPOConfig.task='custom' needs both prompts and reward_fn")
         return CustomTask(prompts=list(prompts), reward_fn=reward_fn)
     if config.task == "gsm8k":
-        return GSM8KTask(config.task_path, eval_path=config.eval_path)
+        return GSM8KTask(config.task_path, eval_path=config.eval_path, answer_mode=config.gsm8k_answer_mode)
     if config.task == "preference":
         from .tasks.preferences import PreferenceTask
 
@@ -538,12 +538,9 @@ class RLTrainer:
                            seed=seed, problems=shard)
         if hasattr(self.task, "extra_eval"):
             # Task-specific held-out metrics (e.g. gold reward and win rate against the SFT
-            # policy for the simulated-preference task); RNG state is the task's to keep.
-            rng_state = torch.get_rng_state()
-            try:
+            # policy for the simulated-preference task); it reseeds, so every generator is restored.
+            with preserve_rng_state():
                 extra = self.task.extra_eval(policy, self.tokenizer, shard, cfg.response_length, seed)
-            finally:
-                torch.set_rng_state(rng_state)
             means = distributed.GlobalMeans()  # per-problem means: weight each shard by its size
             for name, value in extra.items():
                 means.add_weighted(name, value * len(shard), len(shard))
@@ -688,8 +685,12 @@ class RLTrainer:
         return final
 
     def _rng_state(self) -> dict:
-        return {"torch_rng": torch.get_rng_state(), "shuffle_rng": self.shuffle_generator.get_state(),
-                "python_rng": self.rng.getstate()}
+        state = {"torch_rng": torch.get_rng_state(), "shuffle_rng": self.shuffle_generator.get_state(),
+                 "python_rng": self.rng.getstate()}
+        accelerator = accelerator_rng_devices()
+        if accelerator is not None:  # the GPU sampling stream, so a resume on GPU is exact too
+            state["device_rng"] = torch.get_device_module(accelerator[0]).get_rng_state_all()
+        return state
 
     def load_checkpoint(self) -> bool:
         """Restore the latest complete checkpoint; False when there is none.
@@ -731,6 +732,9 @@ class RLTrainer:
         return True
 
     def _set_rng_state(self, state: dict) -> None:
+        accelerator = accelerator_rng_devices()
+        if accelerator is not None and state.get("device_rng") is not None:
+            torch.get_device_module(accelerator[0]).set_rng_state_all(state["device_rng"])
         torch.set_rng_state(state["torch_rng"])
         self.shuffle_generator.set_state(state["shuffle_rng"])
         self.rng.setstate(state["python_rng"])

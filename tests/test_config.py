@@ -21,6 +21,7 @@ from ppo.config import PRESETS, TESTBED_ADJUSTMENTS, TESTBED_SCALE, PPOConfig, f
         (dict(top_p=0.0), "top_p"),
         (dict(advantage_estimator="grpo", group_size=1), "group_size"),
         (dict(task="gsm8k"), "task_path"),
+        (dict(gsm8k_answer_mode="loose"), "gsm8k_answer_mode"),
         (dict(kl_coef=-1.0), "kl_coef"),
         (dict(total_steps=0), "total_steps"),
     ],

@@ -67,7 +67,9 @@ def test_numeric_answer_checking(tmp_path):
     assert task.score(seven, " 3+4=7 #### 7", True).correct
     assert task.score(seven, " so #### 7.00", True).correct
     assert not task.score(seven, " #### 8", True).correct
-    assert not task.score(seven, " the answer is 7", True).has_answer
+    assert task.score(seven, " the answer is 7", True).correct  # default 'flexible': the last number
+    strict = GSM8KTask(str(write_jsonl(tmp_path / "train.jsonl", GOOD_ROWS)), answer_mode="strict")
+    assert not strict.score(seven, " the answer is 7", True).has_answer  # 'strict' needs '#### N'
     assert task.score(thousands, "#### 1,234", False).correct
     assert task.score(thousands, "#### $1234", True).correct
     assert task.score(half, "#### 2.5", True).correct

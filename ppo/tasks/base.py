@@ -37,7 +37,7 @@ class Score:
     """The verdict on one response."""
 
     correct: bool
-    has_answer: bool  # the answer marker is present and followed by a parseable answer
+    has_answer: bool  # an answer could be read by the task's rule (e.g. the number after an answer marker)
     has_eos: bool  # the response ended with the end-of-sequence token
     value: float | None = None  # a real-valued reward (custom reward functions); None: use `correct`
 

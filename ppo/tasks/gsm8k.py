@@ -1,14 +1,31 @@
-"""A JSONL math task in the GSM8K layout, for real models.
+r"""A JSONL math task in the GSM8K layout, for real models.
 
 Each line is a JSON object with a ``question`` and an ``answer`` whose last line is
 ``#### <number>`` (GSM8K's layout: the worked solution, then the final number)::
 
-    {"question": "Tom has 3 apples ...", "answer": "3 + 4 = 7\\n#### 7"}
+    {"question": "Tom has 3 apples ...", "answer": "3 + 4 = 7\n#### 7"}
 
-The reward is numeric answer checking: the number after the response's last ``####``
-(or, if the model never wrote the marker, nothing: `has_answer` is False), compared with
-the gold number after removing thousands separators, as a float with a tiny tolerance so
-``"7"``, ``"7.0"`` and ``"7.00"`` all match.
+The reward is numeric answer checking: one number is read from the response and compared
+with the gold number as a float with a tiny tolerance, so ``"7"``, ``"7.0"`` and ``"7.00"``
+all match. Which number is read is `GSM8KTask.answer_mode` (``PPOConfig.gsm8k_answer_mode``),
+the two modes of the common GSM8K evaluators (lm-evaluation-harness's gsm8k task reports
+both, as ``strict-match`` and ``flexible-extract``):
+
+- ``"strict"``: the number right after the *first* ``####``. No marker, or no number right
+  after it (``#### seven``, ``#### The answer is 7``), is no answer.
+- ``"flexible"`` (the default): the number in the last ``\boxed{...}`` that holds one;
+  otherwise the *last* number anywhere in the response. ``####`` gets no special
+  treatment (the number after it is usually the last one anyway).
+
+Both modes first cut the response at an invented next question (`cut_at_next_question`):
+a base model prompted with ``Question: ...\nAnswer:`` often runs on into
+``Question: <a new problem>``, and its numbers must not be scored. The cut is at the first
+``Question:`` anywhere (the stop sequence lm-evaluation-harness uses for GSM8K) or a line
+that starts with ``Q:``. Numbers (`NUMBER_RE`) may carry comma thousands separators
+(``1,234``), a ``$`` before or after the sign, and an ASCII or Unicode minus (U+2212);
+a sentence's trailing ``.`` is not a decimal point. A minus counts only when it touches the
+digits (or the ``$``) and does not follow a word or digit, so the ``-`` of ``5-3`` or
+``10 - 3`` is subtraction, not a sign.
 """
 
 from __future__ import annotations
@@ -21,38 +38,116 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
+from ..config import GSM8K_ANSWER_MODES
 from .base import Problem, Score
 
 GSM8K_MARKER = "####"
-_NUMBER_RE = re.compile(r"-?\$?\s*(-?[\d,]*\.?\d+)")
 _PROMPT_TEMPLATE = "Question: {question}\nAnswer:"
+
+# One number. The look-behind keeps "x2" and the "3" of "1.2.3" from counting as numbers,
+# and keeps the "-" of "5-3" from being a sign.
+NUMBER_RE = re.compile(
+    r"(?<![\w.])"
+    r"(?P<minus>[-\u2212])?(?:\$\s*)?(?P<minus_after_dollar>[-\u2212])?"
+    r"(?P<number>(?:[0-9]{1,3}(?:,[0-9]{3})+(?![0-9])|[0-9]+)(?:\.[0-9]+)?|\.[0-9]+)"
+)
+# The invented next question: "Question:" anywhere, or "Q:" opening a line.
+_NEXT_QUESTION_RE = re.compile(r"\bQuestion:|^[ \t]*Q:", re.MULTILINE)
+_BOXED = "\\boxed{"
+_LATEX_FRACTION_RE = re.compile(r"\\[dt]?frac\{([^{}]*)\}\{([^{}]*)\}")
+_PLAIN_FRACTION_RE = re.compile(r"\s*([-\u2212]?[0-9.]+)\s*/\s*([0-9.]+)\s*")
 
 
 class TaskDataError(ValueError):
     """A data file that cannot be used; the message names the file, line and field."""
 
 
+def _value(match: re.Match) -> float:
+    value = float(match["number"].replace(",", ""))
+    return -value if match["minus"] or match["minus_after_dollar"] else value
+
+
 def parse_number(text: str) -> float | None:
-    """The first number in `text` as a float (commas and a leading $ allowed), else None.
+    """The first number in `text` as a float (see `NUMBER_RE`), else None.
 
-    >>> parse_number(" 1,234.5 dollars"), parse_number("$-3"), parse_number("none")
-    (1234.5, -3.0, None)
+    >>> parse_number(" 1,234.5 dollars"), parse_number("$-3"), parse_number("\u22127."), parse_number("none")
+    (1234.5, -3.0, -7.0, None)
     """
-    match = _NUMBER_RE.search(text)
-    if not match:
-        return None
-    raw = match.group(0).replace("$", "").replace(",", "").replace(" ", "")
-    try:
-        return float(raw)
-    except ValueError:
-        return None
+    match = NUMBER_RE.search(text)
+    return _value(match) if match else None
 
 
-def extract_final_answer(text: str) -> float | None:
-    """The number after the last ``####`` marker in `text`, or None."""
-    if GSM8K_MARKER not in text:
-        return None
-    return parse_number(text.rsplit(GSM8K_MARKER, 1)[1])
+def last_number(text: str) -> float | None:
+    """The last number in `text`, else None: ``last_number("3 + 4 = 7.") == 7.0``."""
+    matches = list(NUMBER_RE.finditer(text))
+    return _value(matches[-1]) if matches else None
+
+
+def cut_at_next_question(response: str) -> str:
+    """`response` up to an invented next question (see the module docstring).
+
+    >>> cut_at_next_question("3+4=7. The answer is 7.\\n\\nQuestion: Sam has 5 pens ...")
+    '3+4=7. The answer is 7.\\n\\n'
+    """
+    match = _NEXT_QUESTION_RE.search(response)
+    return response[: match.start()] if match else response
+
+
+def boxed_contents(text: str) -> list[str]:
+    r"""The contents of every ``\boxed{...}`` in `text`, braces balanced; an unclosed box
+    (a response cut at the token limit) runs to the end of the text.
+
+    >>> boxed_contents(r"so \boxed{\frac{1}{2}} and \boxed{18")
+    ['\\frac{1}{2}', '18']
+    """
+    contents = []
+    start = text.find(_BOXED)
+    while start >= 0:
+        position, depth = start + len(_BOXED), 1
+        while position < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[position], 0)
+            position += 1
+        contents.append(text[start + len(_BOXED): position - 1 if depth == 0 else position])
+        start = text.find(_BOXED, position)
+    return contents
+
+
+def _boxed_value(content: str) -> float | None:
+    """The number a ``\\boxed{}`` holds: LaTeX spacing and ``{,}`` undone, a fraction
+    (``\\frac{3}{4}``, ``3/4``) divided out, else the last number inside."""
+    content = content.replace("{,}", ",").replace("\\!", "").replace("\\,", "").replace("\\$", "$")
+    fraction = _LATEX_FRACTION_RE.fullmatch(content.strip()) or _PLAIN_FRACTION_RE.fullmatch(content)
+    if fraction:
+        numerator, denominator = parse_number(fraction[1]), parse_number(fraction[2])
+        if numerator is not None and denominator:
+            return numerator / denominator
+    return last_number(content)
+
+
+def extract_answer(response: str, mode: str = "flexible") -> float | None:
+    """The number `response` answers with under `mode` (``"strict"`` or ``"flexible"``), or None.
+
+    >>> extract_answer("3+4=7\\n#### 7\\nQuestion: 2+2? #### 4", "strict")
+    7.0
+    >>> extract_answer(r"So she has \\boxed{18} eggs; 18 - 2 = 16", "flexible")
+    18.0
+    >>> extract_answer("The answer is 42.", "strict"), extract_answer("The answer is 42.", "flexible")
+    (None, 42.0)
+    """
+    if mode not in GSM8K_ANSWER_MODES:
+        raise ValueError(f"answer_mode must be one of {GSM8K_ANSWER_MODES}, got {mode!r}")
+    text = cut_at_next_question(response)
+    if mode == "strict":
+        marker = text.find(GSM8K_MARKER)
+        if marker < 0:
+            return None
+        match = NUMBER_RE.match(text[marker + len(GSM8K_MARKER):].lstrip())
+        return _value(match) if match else None
+    for content in reversed(boxed_contents(text)):
+        value = _boxed_value(content)
+        if value is not None:
+            return value
+    return last_number(text)
 
 
 def load_gsm8k_jsonl(path: str | Path) -> list[Problem]:
@@ -89,7 +184,7 @@ def load_gsm8k_jsonl(path: str | Path) -> list[Problem]:
                 raise TaskDataError(f"{where}: field 'answer' has no '{GSM8K_MARKER} <number>' line")
             gold_text = answer.rsplit(GSM8K_MARKER, 1)[1].strip()
             gold = parse_number(gold_text)
-            if gold is None or not re.fullmatch(r"-?\$?[\d,]*\.?\d+", gold_text.replace(" ", "")):
+            if gold is None or not NUMBER_RE.fullmatch(gold_text):
                 raise TaskDataError(
                     f"{where}: field 'answer' has a non-numeric gold answer {gold_text!r}"
                 )
@@ -115,16 +210,22 @@ class GSM8KTask:
         train_path: JSONL of training problems.
         eval_path: JSONL of held-out problems (defaults to the training file).
         eval_size: cap on the number of held-out problems (first rows), None for all.
+        answer_mode: which number of a response is its answer: ``"flexible"`` (last
+            ``\\boxed{}``, else the last number) or ``"strict"`` (right after the first
+            ``####``); see the module docstring and ``PPOConfig.gsm8k_answer_mode``.
     """
 
     train_path: str
     eval_path: str | None = None
     eval_size: int | None = None
+    answer_mode: str = "flexible"
     name: str = "gsm8k"
     _train: list[Problem] = field(init=False, repr=False)
     _eval: list[Problem] = field(init=False, repr=False)
 
     def __post_init__(self):
+        if self.answer_mode not in GSM8K_ANSWER_MODES:
+            raise ValueError(f"GSM8KTask.answer_mode must be one of {GSM8K_ANSWER_MODES}, got {self.answer_mode!r}")
         self._train = load_gsm8k_jsonl(self.train_path)
         self._eval = load_gsm8k_jsonl(self.eval_path) if self.eval_path else list(self._train)
         if self.eval_size is not None:
@@ -137,7 +238,7 @@ class GSM8KTask:
         return self._eval
 
     def score(self, problem: Problem, response: str, has_eos: bool) -> Score:
-        predicted = extract_final_answer(response)
+        predicted = extract_answer(response, self.answer_mode)
         gold = float(problem.answer)
         correct = predicted is not None and math.isclose(predicted, gold, rel_tol=1e-6, abs_tol=1e-6)
         return Score(correct=correct, has_answer=predicted is not None, has_eos=has_eos)

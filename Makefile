@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 PYTEST_ARGS ?=
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: demo test test-all install clean
+.PHONY: demo demo-2proc test test-all install clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(PY) -m ppo.sft
 	$(PY) -m ablations run quick --seeds 2 --out sweeps/quick
+
+# Data parallel on the CPU: 2 processes (gloo), each sampling half of the global batch.
+demo-2proc: $(VENV)/.installed
+	$(PY) -m ppo.sft
+	$(VENV)/bin/accelerate launch --config_file configs/accelerate/cpu-2proc.yaml -m ppo.cli \
+		--preset grpo --testbed --device cpu --threads 1 --output-dir runs/grpo_2proc
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q $(PYTEST_ARGS)

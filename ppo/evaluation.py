@@ -19,12 +19,11 @@ from __future__ import annotations
 import contextlib
 import random
 from collections import defaultdict
-from typing import Iterator, Sequence
+from typing import Callable, Iterator, Sequence
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
-from . import distributed
 from .rollout import decode_responses, generate
 from .tasks.base import Problem, Score, Task
 
@@ -100,11 +99,13 @@ def score_generations(
     greedy: bool,
     temperature: float = 1.0,
     batch_size: int = 128,
+    gather: Callable[[list], list] | None = None,
 ) -> dict:
     """Generate for every problem and summarise: accuracy, format rates, lengths.
 
-    In a data-parallel run each process passes its own shard of `problems`; the summary
-    covers every process's problems (and is the same on every process).
+    In a data-parallel run each process passes its own shard of `problems` and
+    ``gather=ppo.distributed.gather_objects``: the summary then covers every process's
+    problems (and is the same on every process).
     """
     correct, lengths, has_eos, has_answer, levels = [], [], [], [], []
     for start in range(0, len(problems), batch_size):
@@ -121,7 +122,8 @@ def score_generations(
             lengths.append(length)
             levels.append(problem.level)
     # In a data-parallel run each process scored its shard of the held-out set: summarise all.
-    records = distributed.gather_objects(list(zip(correct, has_answer, has_eos, lengths, levels)))
+    records = list(zip(correct, has_answer, has_eos, lengths, levels))
+    records = gather(records) if gather is not None else records
     correct, has_answer, has_eos, lengths, levels = (list(column) for column in zip(*records)) if records else ([],) * 5
     by_level = defaultdict(list)
     for level, ok in zip(levels, correct):
@@ -147,8 +149,12 @@ def evaluate(
     seed: int = 0,
     batch_size: int = 128,
     problems: Sequence[Problem] | None = None,
+    gather: Callable[[list], list] | None = None,
 ) -> dict:
     """Greedy and sampled (at `temperature`) metrics on the task's held-out set.
+
+    `problems` may be this process's shard, with `gather` merging every process's results
+    (see `score_generations`).
 
     Sampling is seeded with `seed` and every global RNG state (Python, torch CPU, accelerator
     devices) is restored afterwards (`preserve_rng_state`), so an evaluation in the middle
@@ -159,9 +165,10 @@ def evaluate(
     problems = list(task.eval_problems() if problems is None else problems)
     with preserve_rng_state():
         torch.manual_seed(seed)
-        greedy = score_generations(model, tokenizer, task, problems, max_new_tokens, greedy=True, batch_size=batch_size)
+        greedy = score_generations(model, tokenizer, task, problems, max_new_tokens, greedy=True,
+                                   batch_size=batch_size, gather=gather)
         sampled = score_generations(model, tokenizer, task, problems, max_new_tokens, greedy=False,
-                                    temperature=temperature, batch_size=batch_size)
+                                    temperature=temperature, batch_size=batch_size, gather=gather)
     flat = {}
     for prefix, result in (("greedy", greedy), ("sampled", sampled)):
         for key, value in result.items():

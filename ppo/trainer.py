@@ -134,7 +134,10 @@ class RLTrainer:
             if model_path is None:
                 from .sft import warm_start
 
-                model_path = str(warm_start(progress=config.progress))
+                # The main process builds (or finds) the cached warm start; the others wait for it.
+                if distributed.is_main_process():
+                    model_path = str(warm_start(progress=config.progress))
+                model_path = distributed.broadcast_object(model_path if distributed.is_main_process() else None)
             self.model_path = model_path
             policy, tokenizer = load_policy(model_path, dropout=not config.disable_dropout)
         elif tokenizer is None:
@@ -535,7 +538,7 @@ class RLTrainer:
         seed = distributed.rank_seed(cfg.seed, distributed.rank())
         policy = self.accelerator.unwrap_model(self.policy)
         metrics = evaluate(policy, self.tokenizer, self.task, cfg.response_length, temperature=1.0,
-                           seed=seed, problems=shard)
+                           seed=seed, problems=shard, gather=distributed.gather_objects)
         if hasattr(self.task, "extra_eval"):
             # Task-specific held-out metrics (e.g. gold reward and win rate against the SFT
             # policy for the simulated-preference task); it reseeds, so every generator is restored.

@@ -25,6 +25,7 @@ TINY = dict(rollout_batch_size=BATCH, response_length=10, eval_size=6, eval_ever
             log_samples=8, lr=1e-3, threads=1, device="cpu")
 
 
+MANY_PROMPTS = [f"{a}+{b}=" for a in range(15) for b in range(15)]  # ranks rarely draw the same one
 PROMPTS = ["1+1=", "2+3=", "9+9=", "4+4=", "7+1=", "5+6=", "8+2=", "3+3="]
 
 
@@ -83,7 +84,7 @@ def scenario_train(model: str, out: Path) -> None:
     common = dict(model_path=model, group_size=4, total_steps=4, task="custom", **TINY)
     config = preset("grpo", testbed=True, output_dir=str(out / "straight"), **common).replace(
         ppo_epochs=2, num_minibatches=2, adaptive_kl=True, kl_target=0.01, kl_horizon=100)
-    prompts = [f"{a}+{b}=" for a in range(15) for b in range(15)]
+    prompts = MANY_PROMPTS
     straight = RLTrainer(config, prompts=prompts, reward_fn=reward_fn)
     straight.train()
     first = RLTrainer(config.replace(output_dir=str(out / "split")), prompts=prompts, reward_fn=reward_fn)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -106,6 +107,21 @@ def test_two_process_resume_equals_a_straight_run(runs):
     assert json.loads((runs / "two" / "train.json").read_text())["resumed_weights_equal"]
     checkpoint = runs / "two" / "split" / "checkpoints" / "step_000004"
     assert (checkpoint / "rng_rank1.pt").is_file()
+
+
+def test_a_two_process_checkpoint_resumes_in_one_process(runs, tmp_path):
+    """Checkpoints are written once and load under any world size that divides the batch."""
+    from data_parallel_worker import MANY_PROMPTS, reward_fn
+
+    from ppo.trainer import RLTrainer
+
+    shutil.copytree(runs / "two" / "straight", tmp_path / "run")
+    config = PPOConfig.from_yaml(tmp_path / "run" / "config.yaml").replace(output_dir=str(tmp_path / "run"),
+                                                                          total_steps=5)
+    trainer = RLTrainer(config, prompts=MANY_PROMPTS, reward_fn=reward_fn)
+    summary = trainer.train(resume=True)
+    assert summary["steps"] == 5 and summary["processes"] == 1
+    assert [r["step"] for r in read_rows(tmp_path / "run" / "metrics.jsonl")] == [0, 1, 2, 3, 4, 5]
 
 
 def test_target_kl_early_stop_is_the_same_on_every_rank(runs):

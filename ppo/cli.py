@@ -86,6 +86,10 @@ def main(argv: list[str] | None = None) -> int:
 
     trainer = RLTrainer(config)
     summary = trainer.train(resume=args.resume)
+    from .distributed import is_main_process
+
+    if not is_main_process():  # one report per run, not one per process
+        return 0
     initial, final = summary.get("initial_eval") or {}, summary["final_eval"]
     print(f"run: {config.output_dir}  steps: {summary['steps']}  samples: {summary['samples']}")
     if initial:

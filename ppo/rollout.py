@@ -87,7 +87,7 @@ def sampling_config(max_new_tokens: int, stop_token_ids: list[int], pad_token_id
     would otherwise take from the checkpoint is set to its neutral value here."""
     neutral = dict(
         repetition_penalty=1.0, encoder_repetition_penalty=1.0, no_repeat_ngram_size=0,
-        encoder_no_repeat_ngram_size=0, min_length=0, min_new_tokens=0, typical_p=1.0, min_p=None,
+        encoder_no_repeat_ngram_size=0, min_length=0, typical_p=1.0, min_p=None,
         epsilon_cutoff=0.0, eta_cutoff=0.0, bad_words_ids=None, suppress_tokens=None, begin_suppress_tokens=None,
         forced_bos_token_id=None, forced_eos_token_id=None, sequence_bias=None, renormalize_logits=False,
         exponential_decay_length_penalty=None, num_beams=1, num_beam_groups=1, penalty_alpha=None,

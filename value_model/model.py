@@ -42,7 +42,7 @@ class ScalarHeadModel(nn.Module):
         self.backbone = backbone
         self.kind = kind
         hidden_size = backbone.config.hidden_size
-        self.head = nn.Linear(hidden_size, 1)
+        self.head = nn.Linear(hidden_size, 1, dtype=next(backbone.parameters()).dtype)  # the backbone's dtype
         if head_init == "zero":
             nn.init.zeros_(self.head.weight)
         elif head_init == "normal":
@@ -94,7 +94,6 @@ class ScalarHeadModel(nn.Module):
             kwargs["attn_implementation"] = attn_implementation
         backbone = AutoModel.from_pretrained(str(path), **kwargs)
         model = cls(backbone, head_init="zero", kind=info.get("kind", "value"))
-        model.head.to(next(backbone.parameters()).dtype)
         head = load_file(str(path / HEAD_WEIGHTS))
         if head["weight"].shape != model.head.weight.shape:
             raise ModelLoadError(f"{path}: head shape {tuple(head['weight'].shape)} does not match the backbone")

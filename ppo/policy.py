@@ -194,11 +194,19 @@ def enable_gradient_checkpointing(model) -> None:
     """Non-reentrant activation checkpointing on a causal LM, a peft model or a
     `ScalarHeadModel` (whose transformer is ``.backbone``)."""
     target = getattr(model, "backbone", model)
-    kwargs = {"gradient_checkpointing_kwargs": {"use_reentrant": False}}
-    target.gradient_checkpointing_enable(**kwargs)
+    if hasattr(target, "activation_checkpointing_enable"):  # transformers >= 5.x name
+        target.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        target.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     config = getattr(target, "config", None)
     if config is not None and hasattr(config, "use_cache"):
         config.use_cache = False  # a KV cache is useless in training and conflicts with recomputation
+
+
+def gradient_checkpointing_active(model) -> bool:
+    """Whether any layer of `model` (or a `ScalarHeadModel`'s backbone) checkpoints its activations."""
+    target = getattr(model, "backbone", model)
+    return any(getattr(module, "gradient_checkpointing", False) is True for module in target.modules())
 
 
 def truncate_prompt(ids: list[int], max_length: int, side: str, bos_token_id: int | None = None) -> list[int]:

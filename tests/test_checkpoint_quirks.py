@@ -9,7 +9,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ppo.config import PPOConfig
 from ppo.logprobs import response_logprobs
-from ppo.policy import declared_stop_token_ids, disable_dropout, load_policy, scoring_mode
+from ppo.policy import declared_stop_token_ids, disable_dropout, gradient_checkpointing_active, load_policy, scoring_mode
 from ppo.rollout import PromptTooLongError, generate
 from ppo.trainer import RLTrainer
 from tests.test_architectures import count_digits, save_checkpoint
@@ -154,7 +154,7 @@ def test_gradient_checkpointing_recomputes_and_gives_the_same_update(tmp_path, t
                             reward_fn=count_ones)
         policy = trainer.accelerator.unwrap_model(trainer.policy)
         critic = trainer.accelerator.unwrap_model(trainer.value_model)
-        assert policy.is_gradient_checkpointing == critic.backbone.is_gradient_checkpointing == checkpointing
+        assert gradient_checkpointing_active(policy) == gradient_checkpointing_active(critic) == checkpointing
         calls = []
         policy.model.layers[0].self_attn.register_forward_pre_hook(lambda *args: calls.append(torch.is_grad_enabled()))
         metrics = trainer.train_step()

@@ -103,3 +103,18 @@ def test_lora_fields_are_validated():
         PPOConfig(lora_r=-2)
     with pytest.raises(ValueError, match="PPOConfig.lora_alpha"):
         PPOConfig(lora_r=8, lora_alpha=0)
+
+
+def test_lora_holds_no_reference_copy_and_no_full_optimizer_state(tmp_path, tiny_model_dir):
+    from ablations.memory import state_bytes
+
+    measured = {}
+    for rank in (0, 4):
+        trainer = grpo(tmp_path / f"r{rank}", tiny_model_dir, lora_r=rank)
+        trainer.train_step()  # AdamW allocates its moments at the first step
+        measured[rank] = state_bytes(trainer)
+    full, lora = measured[0], measured[4]
+    assert full["reference_weights"] == full["policy_weights"] and lora["reference_weights"] == 0
+    assert full["optimizer_state"] == 2 * full["gradients"] == 2 * full["policy_weights"]  # Adam: two moments
+    assert lora["trainable_parameters"] < 0.2 * full["trainable_parameters"]
+    assert lora["optimizer_state"] == 2 * lora["gradients"] < 0.2 * full["optimizer_state"]

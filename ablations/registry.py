@@ -256,6 +256,16 @@ register(
     metric="accuracy", extra_metrics=("approx_kl", "entropy"),
 )
 
+# ---------------------------------------------------------------------- memory
+register(
+    "lora",
+    "GRPO with LoRA adapters (reference = the adapter-disabled base, no weight copy) against full fine-tuning: "
+    "how much held-out accuracy does the memory saving cost? LoRA gets the usual 10x learning rate. "
+    "Memory itself: python -m ablations.memory.",
+    [Variant("full", GRPO), Variant("lora_r8", GRPO, {"lora_r": 8, "lora_alpha": 16.0, "lr": 1e-3})],
+    metric="accuracy", extra_metrics=("kl_k1", "entropy", "time_update"),
+)
+
 # ---------------------------------------------------------------------- the demo
 register(
     "quick",

@@ -51,7 +51,14 @@ class PPOConfig:
     total_steps: int = _f(100, "RL iterations (one rollout batch + its updates each).")
     device: str = _f("auto", "'auto' (accelerate picks), 'cpu' or 'cuda'.")
     threads: int = _f(2, "torch intra-op threads on CPU (fixed so CPU runs are reproducible).")
-    mixed_precision: str = _f("no", "accelerate mixed precision: 'no', 'fp16', 'bf16'.")
+    mixed_precision: str = _f("no", "accelerate mixed precision: 'no', 'fp16', 'bf16'. Policy, reference, reward and value model all run under the same autocast (ppo/precision.py); fp16 uses one loss scaler unscaled once per step.")
+    model_dtype: str = _f("float32", "dtype of the loaded weights: 'float32' (fp32 master weights, also for bf16 checkpoints: bf16 weights round lr-1e-6 updates away), 'bfloat16', 'float16', or 'auto' (as saved, transformers' default). Mixed precision comes from mixed_precision.")
+    attn_implementation: str | None = _f(None, "Attention kernel passed to from_pretrained: 'eager', 'sdpa', 'flash_attention_2', ...; None = transformers' choice. A memory/speed toggle: the math is the same.")
+    gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass for policy and critic (non-reentrant torch checkpointing): activation memory ~ one layer instead of all, for ~1/3 more compute. Same gradients.")
+    lora_r: int = _f(0, "LoRA rank for the policy through peft (Hu et al. 2021); 0 = full fine-tuning. With LoRA the reference is the base model with the adapter disabled: no second copy of the weights.")
+    lora_alpha: float = _f(16.0, "LoRA scale alpha: the adapter's update is (alpha / r) B A (peft's lora_alpha).")
+    lora_target_modules: str = _f("all-linear", "Layers that get adapters: 'all-linear' (every linear layer but the output head, QLoRA's choice) or comma-separated module names, e.g. 'q_proj,v_proj' (the LoRA paper's).")
+    lora_critic: bool = _f(False, "Also train the critic through LoRA adapters on its backbone (its scalar head stays fully trainable); needs lora_r > 0.")
 
     # ------------------------------------------------------------------ rollout
     rollout_batch_size: int = _f(64, "Responses sampled per step (prompts x group_size) over all data-parallel processes together: the global batch, so a preset means the same update whatever the number of processes (each samples an equal share of whole groups). AlpacaFarm: 512.")
@@ -61,6 +68,9 @@ class PPOConfig:
     top_k: int = _f(0, "Top-k truncation of sampling; 0 = off. Pure sampling keeps the rollout distribution equal to the trained one (N+ details).")
     top_p: float = _f(1.0, "Nucleus truncation; 1.0 = off (pure sampling, as AlpacaFarm and TRL).")
     scale_logits_by_temperature: bool = _f(True, "Divide logits by `temperature` before taking log-probs, so they are the log-probs of the distribution actually sampled (N+ implementation details; TRL and AlpacaFarm do this). False reproduces the bug of scoring with T=1 logits.")
+    stop_token_ids: list[int] | None = _f(None, "Token ids that end a response. None = every EOS id the checkpoint declares (tokenizer eos, generation_config.eos_token_id, config.eos_token_id): instruct models list several end-of-turn ids.")
+    max_prompt_length: int | None = _f(None, "Longest prompt in tokens (BOS included); None = the model's context minus response_length. prompt + response must fit the model's positions (checked at start).")
+    prompt_truncation: str = _f("left", "A prompt over max_prompt_length: 'left' drops its oldest tokens (keeps BOS and the question's end; TRL's truncation_side), 'right' drops its end, 'error' refuses it with an error naming max_prompt_length.")
     logprobs_from_generation: bool = _f(False, "Take old log-probs from the generation logits instead of a teacher-forced forward pass. Off (recompute) in AlpacaFarm and TRL; saves a forward pass but generation kernels can differ numerically.")
 
     # ------------------------------------------------------------------ rewards
@@ -148,6 +158,13 @@ class PPOConfig:
                     raise ValueError(f"PPOConfig.{f.name}: may not be None")
                 continue
             base = kind.split("|")[0].strip()
+            if base == "str" and isinstance(value, bool):
+                # YAML 1.1 (and so the CLI and config files) reads a bare `no` / `off` as
+                # False: `--mixed-precision no` must mean the string "no".
+                value = "no" if value is False else "yes"
+                setattr(self, f.name, value)
+            if base == "list[int]" and isinstance(value, int) and not isinstance(value, bool):
+                setattr(self, f.name, [value])  # `--stop-token-ids 2`
             try:
                 if base == "float" and not isinstance(value, bool) and isinstance(value, (int, float, str)):
                     setattr(self, f.name, float(value))
@@ -234,6 +251,24 @@ class PPOConfig:
             bad("length_reward_coef", "needs group_size >= 2 (the length reward compares a group's responses)")
         if self.task == "gsm8k" and not self.task_path:
             bad("task_path", "is required for task='gsm8k'")
+        choice("model_dtype", ("float32", "bfloat16", "float16", "auto"))
+        if self.attn_implementation is not None and not self.attn_implementation.strip():
+            bad("attn_implementation", "must be a kernel name or None")
+        if self.stop_token_ids is not None:
+            if (not isinstance(self.stop_token_ids, list) or not self.stop_token_ids
+                    or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.stop_token_ids)):
+                bad("stop_token_ids", "must be a non-empty list of token ids (integers >= 0) or None")
+        if self.max_prompt_length is not None and self.max_prompt_length < 2:
+            bad("max_prompt_length", "must be an integer >= 2 (BOS and one token) or None")
+        choice("prompt_truncation", ("left", "right", "error"))
+        if self.lora_r < 0:
+            bad("lora_r", "must be >= 0 (0 = full fine-tuning)")
+        if not self.lora_alpha > 0:
+            bad("lora_alpha", "must be > 0")
+        if not self.lora_target_modules.strip() or self.lora_target_modules.strip(" ,") == "":
+            bad("lora_target_modules", "must be 'all-linear' or comma-separated module names")
+        if self.lora_critic and self.lora_r == 0:
+            bad("lora_critic", "needs lora_r > 0 (the critic's adapters use the policy's rank and alpha)")
 
     def validate_for_run(self) -> None:
         """Checks that only matter when a run starts (a preset may name a reward model that

@@ -24,7 +24,7 @@ from __future__ import annotations
 import string
 from dataclasses import asdict, dataclass
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     GPT2Config,
     GPT2LMHeadModel,
@@ -65,6 +65,39 @@ def build_char_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenize
         model_max_length=512,
     )
     return tokenizer
+
+
+BPE_EOS, BPE_BOS, BPE_PAD = "<|endoftext|>", "<|startoftext|>", "<|pad|>"
+BPE_PAD_MODES = ("distinct", "eos", "none")
+_BPE_CORPUS = (
+    "question: tom has 3 apples and buys 4 more. how many apples does he have? answer: 3+4=7 #### 7\n",
+    "the quick brown fox jumps over the lazy dog. a costs 1,000 and b costs 234; the total is 1234.\n",
+    "12+34=46; 7*8=56; 90-45=45; half of 10 is 5. let us think step by step about the answer.\n",
+)
+
+
+def build_byte_bpe_tokenizer(pad: str = "distinct", vocab_size: int = 320) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer (GPT-2 / Llama-3 / Qwen style), trained in milliseconds on
+    a few built-in lines, with the three pad conventions real checkpoints ship with:
+
+    - ``"distinct"``: its own pad token;
+    - ``"eos"``: pad == eos (GPT-2 style fine-tunes; masking pads would mask the stop token);
+    - ``"none"``: no pad token at all (Llama, Mistral).
+
+    Every byte has a token, so any text round-trips. Ids 0, 1 (, 2) are eos, bos (, pad).
+    """
+    if pad not in BPE_PAD_MODES:
+        raise ValueError(f"pad: expected one of {BPE_PAD_MODES}, got {pad!r}")
+    specials = [BPE_EOS, BPE_BOS] + ([BPE_PAD] if pad == "distinct" else [])
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    backend.train_from_iterator(list(_BPE_CORPUS) * 4, trainer)
+    pad_token = {"distinct": BPE_PAD, "eos": BPE_EOS, "none": None}[pad]
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=BPE_BOS, eos_token=BPE_EOS,
+                                   pad_token=pad_token, model_max_length=4096)
 
 
 @dataclass

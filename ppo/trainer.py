@@ -35,6 +35,7 @@ from tqdm.auto import tqdm
 
 from gae import estimate_advantages, whiten
 from value_model import ScalarHeadModel
+from value_model.model import load_value_weights
 from value_model.reward_model import last_token_scores
 
 from . import distributed
@@ -45,7 +46,10 @@ from .filtering import PromptPool, group_pass_rates, keep_groups, zero_advantage
 from .kl import kl_penalty, make_kl_controller
 from .logprobs import logprobs_from_logits, response_logprobs, response_values
 from .losses import entropy_loss, explained_variance, kl_loss, policy_loss, value_loss
-from .policy import disable_dropout, load_policy
+from .lora import AdapterDisabledReference, apply_lora, load_policy_weights, save_policy
+from .policy import (declared_stop_token_ids, disable_dropout, enable_gradient_checkpointing, load_policy,
+                     resolve_max_prompt_length, scoring_mode)
+from .precision import cast_master_weights, clip_grad_norms, master_dtype, prepare_frozen, step_optimizers
 from .rewards import apply_missing_eos, clip_scores, group_kimi_length_reward, shape_rewards, whiten_rewards
 from .rollout import Rollout, decode_responses, generate
 from .tasks import ArithmeticTask, CustomTask, GSM8KTask
@@ -72,6 +76,11 @@ def _grad_norm(parameters: list[torch.nn.Parameter]) -> float:
     """L2 norm of all gradients of `parameters` together (parameters without one skipped)."""
     norms = [p.grad.detach().float().norm() for p in parameters if p.grad is not None]
     return float(torch.stack(norms).norm()) if norms else 0.0
+
+
+def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """Parameters the optimizer updates (LoRA freezes the base weights: no Adam state for them)."""
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 def _clip_scale(max_norm: float, total_norm: float) -> float:
@@ -139,23 +148,32 @@ class RLTrainer:
                     model_path = str(warm_start(progress=config.progress))
                 model_path = distributed.broadcast_object(model_path if distributed.is_main_process() else None)
             self.model_path = model_path
-            policy, tokenizer = load_policy(model_path, dropout=not config.disable_dropout)
+            policy, tokenizer = load_policy(model_path, dropout=not config.disable_dropout,
+                                            dtype=master_dtype(config.model_dtype),
+                                            attn_implementation=config.attn_implementation)
         elif tokenizer is None:
             raise ValueError("pass the tokenizer together with the policy")
         else:
             self.model_path = None
+            cast_master_weights(policy, config.model_dtype)
             if config.disable_dropout:
                 disable_dropout(policy)
         self.tokenizer = tokenizer
-        # The frozen reference is the initial policy. beta = 0 skips it entirely.
+        # Stop ids and the prompt limit are settled (and checked against the context) up front.
+        self.stop_token_ids = config.stop_token_ids or declared_stop_token_ids(policy, tokenizer)
+        self.max_prompt_length = resolve_max_prompt_length(policy, config.max_prompt_length, config.response_length)
+        # The frozen reference is the initial policy. beta = 0 skips it entirely; with LoRA it
+        # is the policy's own base model with the adapter disabled (set after prepare).
         self.ref_policy = None
-        if config.uses_reference_model:
-            self.ref_policy = copy.deepcopy(policy).eval().requires_grad_(False).to(self.device)
+        if config.uses_reference_model and not config.lora_r:
+            self.ref_policy = copy.deepcopy(policy).eval().requires_grad_(False)
         self.value_model = self._build_value_model(policy) if config.uses_value_model else None
+        policy = self._apply_memory_toggles(policy)
         self.reward_model = None
         if config.reward_model_path:
-            self.reward_model = ScalarHeadModel.from_pretrained(config.reward_model_path).eval().requires_grad_(False)
-            self.reward_model.to(self.device)
+            self.reward_model = ScalarHeadModel.from_pretrained(
+                config.reward_model_path, dtype=master_dtype(config.model_dtype),
+                attn_implementation=config.attn_implementation).eval().requires_grad_(False)
 
         # -- optimisers: the critic gets its own AdamW by default --------------------------
         self.policy_optimizer, self.value_optimizer = self._build_optimizers(policy)
@@ -172,6 +190,13 @@ class RLTrainer:
         self.policy_optimizer = prepared.pop(0)
         if self.value_optimizer is not None:
             self.value_optimizer = prepared.pop(0)
+        # Frozen models run under the policy's autocast, or bf16 fakes a KL at step 1.
+        if self.ref_policy is not None:
+            self.ref_policy = prepare_frozen(self.accelerator, self.ref_policy)
+        elif config.uses_reference_model:
+            self.ref_policy = AdapterDisabledReference(self.policy, self.accelerator.unwrap_model(self.policy))
+        if self.reward_model is not None:
+            self.reward_model = prepare_frozen(self.accelerator, self.reward_model)
         self.kl_controller = make_kl_controller(config.kl_coef, config.adaptive_kl, config.kl_target, config.kl_horizon)
         self.step = 0
         self.writer = None
@@ -192,7 +217,8 @@ class RLTrainer:
         with timer("generate"):
             rollout = generate(policy, self.tokenizer, [p.prompt for p in problems], cfg.response_length,
                                temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                               return_logits=cfg.logprobs_from_generation)
+                               return_logits=cfg.logprobs_from_generation, stop_token_ids=self.stop_token_ids,
+                               max_prompt_length=self.max_prompt_length, prompt_truncation=cfg.prompt_truncation)
         rollout = self._to_device(rollout)
         response_mask = rollout.response_mask.float()  # [B, T]
         texts = decode_responses(self.tokenizer, rollout)
@@ -211,7 +237,7 @@ class RLTrainer:
 
         # ---- 3. old log-probs, reference log-probs, values (no autograd) ---------------
         temperature = cfg.temperature if cfg.scale_logits_by_temperature else 1.0
-        with torch.no_grad():
+        with torch.no_grad(), scoring_mode(self.policy, self.value_model):
             with timer("policy_forward"):
                 if cfg.logprobs_from_generation:
                     old_logprobs = logprobs_from_logits(rollout.generation_logits, rollout.response_ids, temperature)
@@ -297,7 +323,8 @@ class RLTrainer:
                 ("kl", kl.sum(-1), None if has_ref else 0.0), ("kl_k1", kl_k1.sum(-1), None if has_ref else 0.0),
                 ("entropy_rollout", -old_logprobs, response_mask), ("response_length", lengths, None),
                 ("response_length_correct", lengths, correct), ("response_length_incorrect", lengths, ~correct),
-                ("eos_rate", rollout.has_eos.float(), None), ("advantage_mean", advantages, response_mask),
+                ("eos_rate", rollout.has_eos.float(), None), ("prompt_truncated_frac", rollout.prompt_truncated.float(), None),
+                ("advantage_mean", advantages, response_mask),
                 ("advantage_abs_mean", advantages.abs(), response_mask)):
             # With beta = 0 there is no reference model, so the KL is not measured (NaN), not 0.
             means.add(name, values_, None if mask is None else torch.as_tensor(mask, device=values_.device))
@@ -447,20 +474,36 @@ class RLTrainer:
             model = ScalarHeadModel.random_like(policy)
         if cfg.disable_dropout:
             disable_dropout(model)
-        return model.to(self.device)
+        return cast_master_weights(model, cfg.model_dtype).to(self.device)
+
+    def _apply_memory_toggles(self, policy):
+        """LoRA adapters (ppo/lora.py) and gradient checkpointing, on the policy and critic."""
+        cfg = self.config
+        if cfg.gradient_checkpointing:
+            enable_gradient_checkpointing(policy)
+            if self.value_model is not None:
+                enable_gradient_checkpointing(self.value_model)
+        if cfg.lora_r:
+            policy = apply_lora(policy, cfg.lora_r, cfg.lora_alpha, cfg.lora_target_modules)
+            if self.value_model is not None and cfg.lora_critic:
+                self.value_model.backbone = apply_lora(self.value_model.backbone, cfg.lora_r, cfg.lora_alpha,
+                                                       cfg.lora_target_modules, task_type=None)
+            if cfg.disable_dropout:
+                disable_dropout(policy)
+        return policy
 
     def _build_optimizers(self, policy):
         cfg = self.config
         adam = dict(eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
         if self.value_model is None:
-            return torch.optim.AdamW(policy.parameters(), lr=cfg.lr, **adam), None
+            return torch.optim.AdamW(_trainable(policy), lr=cfg.lr, **adam), None
         value_lr = cfg.value_lr if cfg.value_lr is not None else cfg.lr
         if cfg.separate_value_optimizer:
-            return (torch.optim.AdamW(policy.parameters(), lr=cfg.lr, **adam),
-                    torch.optim.AdamW(self.value_model.parameters(), lr=value_lr, **adam))
+            return (torch.optim.AdamW(_trainable(policy), lr=cfg.lr, **adam),
+                    torch.optim.AdamW(_trainable(self.value_model), lr=value_lr, **adam))
         # One optimizer over both (AlpacaFarm, TRL); value_lr still applies to its group.
-        groups = [{"params": list(policy.parameters()), "lr": cfg.lr},
-                  {"params": list(self.value_model.parameters()), "lr": value_lr}]
+        groups = [{"params": _trainable(policy), "lr": cfg.lr},
+                  {"params": _trainable(self.value_model), "lr": value_lr}]
         return torch.optim.AdamW(groups, **adam), None
 
     def _lr_lambda(self, step: int) -> float:
@@ -487,22 +530,22 @@ class RLTrainer:
         # gradients and returns the norm, and multiplies by 1.
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
         metrics = {}
+        optimizers = [o for o in (self.policy_optimizer, self.value_optimizer) if o is not None]
         if value_params and self.value_optimizer is None:  # one optimizer: one joint norm (AlpacaFarm)
-            joint = float(self.accelerator.clip_grad_norm_(policy_params + value_params, max_norm))
+            [joint] = clip_grad_norms(self.accelerator, optimizers, [policy_params + value_params], max_norm)
             scale = _clip_scale(max_norm, joint)
             # Clipping scaled both models by the same factor: undo it to report the norms before.
             metrics["policy_grad_norm"] = _grad_norm(policy_params) / scale
             metrics["value_grad_norm"] = _grad_norm(value_params) / scale
-        else:
-            metrics["policy_grad_norm"] = float(self.accelerator.clip_grad_norm_(policy_params, max_norm))
+        else:  # each model clipped on its own norm; fp16 gradients unscaled once for both
+            norms = clip_grad_norms(self.accelerator, optimizers, [policy_params] + ([value_params] if value_params else []),
+                                    max_norm)
+            metrics["policy_grad_norm"] = norms[0]
             scale = _clip_scale(max_norm, metrics["policy_grad_norm"])
             if value_params:
-                metrics["value_grad_norm"] = float(self.accelerator.clip_grad_norm_(value_params, max_norm))
+                metrics["value_grad_norm"] = norms[1]
         metrics["policy_grad_scale"] = scale
-        for optimizer in (self.policy_optimizer, self.value_optimizer):
-            if optimizer is not None:
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
+        step_optimizers(self.accelerator, optimizers)
         return metrics
 
     def _whiten_minibatch_advantages(self, micro_batches: list[dict]) -> list[dict]:
@@ -660,7 +703,7 @@ class RLTrainer:
         if distributed.is_main_process():
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
-            self.accelerator.unwrap_model(self.policy).save_pretrained(tmp / "policy")
+            save_policy(self.accelerator.unwrap_model(self.policy), tmp / "policy")
             self.tokenizer.save_pretrained(tmp / "policy")
             if self.value_model is not None:
                 self.accelerator.unwrap_model(self.value_model).save_pretrained(tmp / "value")
@@ -707,11 +750,9 @@ class RLTrainer:
         if not checkpoints:
             return False
         path = checkpoints[-1]
-        policy = self.accelerator.unwrap_model(self.policy)
-        policy.load_state_dict(_load_safetensors_dir(path / "policy"), strict=False)
+        load_policy_weights(self.accelerator.unwrap_model(self.policy), path / "policy")
         if self.value_model is not None:
-            loaded = ScalarHeadModel.from_pretrained(path / "value")
-            self.accelerator.unwrap_model(self.value_model).load_state_dict(loaded.state_dict())
+            load_value_weights(self.accelerator.unwrap_model(self.value_model), path / "value")
         state = torch.load(path / "trainer_state.pt", weights_only=True)
         self.policy_optimizer.load_state_dict(state["policy_optimizer"])
         if self.value_optimizer is not None:
@@ -742,13 +783,3 @@ class RLTrainer:
         self.shuffle_generator.set_state(state["shuffle_rng"])
         self.rng.setstate(state["python_rng"])
 
-
-def _load_safetensors_dir(path: Path) -> dict:
-    from safetensors.torch import load_file
-
-    state = {}
-    for file in sorted(path.glob("*.safetensors")):
-        state.update(load_file(str(file)))
-    if not state:
-        raise FileNotFoundError(f"{path}: no safetensors weights")
-    return state

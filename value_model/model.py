@@ -42,7 +42,7 @@ class ScalarHeadModel(nn.Module):
         self.backbone = backbone
         self.kind = kind
         hidden_size = backbone.config.hidden_size
-        self.head = nn.Linear(hidden_size, 1)
+        self.head = nn.Linear(hidden_size, 1, dtype=next(backbone.parameters()).dtype)  # the backbone's dtype
         if head_init == "zero":
             nn.init.zeros_(self.head.weight)
         elif head_init == "normal":
@@ -74,8 +74,13 @@ class ScalarHeadModel(nn.Module):
         return cls(backbone, head_init="zero", kind=kind)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, zero_head: bool = False, dropout: bool = False) -> "ScalarHeadModel":
-        """Load a saved scalar-head model (e.g. a reward model); `zero_head` for critic init."""
+    def from_pretrained(cls, path: str | Path, zero_head: bool = False, dropout: bool = False,
+                        dtype: torch.dtype | str | None = torch.float32,
+                        attn_implementation: str | None = None) -> "ScalarHeadModel":
+        """Load a saved scalar-head model (e.g. a reward model); `zero_head` for critic init.
+
+        `dtype` float32 (the default) keeps fp32 weights for a bf16 checkpoint; "auto" or
+        None loads as saved (PPOConfig.model_dtype)."""
         path = check_model_dir(path)
         info_file = path / HEAD_INFO
         if not info_file.is_file():
@@ -84,7 +89,10 @@ class ScalarHeadModel(nn.Module):
                 "ScalarHeadModel.save_pretrained"
             )
         info = json.loads(info_file.read_text())
-        backbone = AutoModel.from_pretrained(str(path))
+        kwargs = {"dtype": dtype if dtype is not None else "auto"}
+        if attn_implementation is not None:
+            kwargs["attn_implementation"] = attn_implementation
+        backbone = AutoModel.from_pretrained(str(path), **kwargs)
         model = cls(backbone, head_init="zero", kind=info.get("kind", "value"))
         head = load_file(str(path / HEAD_WEIGHTS))
         if head["weight"].shape != model.head.weight.shape:
@@ -98,8 +106,21 @@ class ScalarHeadModel(nn.Module):
         return model
 
     def save_pretrained(self, path: str | Path) -> None:
+        """The backbone as an HF model directory plus the head; a LoRA backbone is saved
+        merged (a plain backbone) with its adapter in ``adapter/`` (see ppo/lora.py)."""
+        from ppo.lora import save_policy
+
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        self.backbone.save_pretrained(path)
+        save_policy(self.backbone, path)
         save_file({k: v.detach().contiguous().cpu() for k, v in self.head.state_dict().items()}, str(path / HEAD_WEIGHTS))
         (path / HEAD_INFO).write_text(json.dumps({"kind": self.kind, "hidden_size": self.head.in_features}))
+
+
+def load_value_weights(model: ScalarHeadModel, path: str | Path) -> None:
+    """Restore a critic saved by `ScalarHeadModel.save_pretrained` into `model` (resume)."""
+    from ppo.lora import load_policy_weights
+
+    path = Path(path)
+    load_policy_weights(model.backbone, path, skip=(HEAD_WEIGHTS,))
+    model.head.load_state_dict(load_file(str(path / HEAD_WEIGHTS)))

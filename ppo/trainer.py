@@ -323,11 +323,12 @@ class RLTrainer:
                 ("kl", kl.sum(-1), None if has_ref else 0.0), ("kl_k1", kl_k1.sum(-1), None if has_ref else 0.0),
                 ("entropy_rollout", -old_logprobs, response_mask), ("response_length", lengths, None),
                 ("response_length_correct", lengths, correct), ("response_length_incorrect", lengths, ~correct),
-                ("eos_rate", rollout.has_eos.float(), None), ("prompt_truncated_frac", rollout.prompt_truncated.float(), None),
-                ("advantage_mean", advantages, response_mask),
+                ("eos_rate", rollout.has_eos.float(), None), ("advantage_mean", advantages, response_mask),
                 ("advantage_abs_mean", advantages.abs(), response_mask)):
             # With beta = 0 there is no reference model, so the KL is not measured (NaN), not 0.
             means.add(name, values_, None if mask is None else torch.as_tensor(mask, device=values_.device))
+        if rollout.prompt_truncated is not None:
+            means.add("prompt_truncated_frac", rollout.prompt_truncated.float())
         if self.reward_model is not None:
             means.add("gold_score", task_scores)
         if values is not None:

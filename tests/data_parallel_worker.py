@@ -52,7 +52,7 @@ def fixed_batch_update(out: Path, name: str, config) -> None:
     trainer.prompt_pool.sample = lambda n: problems[rank * prompts_per_rank:(rank + 1) * prompts_per_rank]
     trainer_module.generate = lambda *args, **kwargs: Rollout(
         full.query_ids[local], full.query_mask[local], full.response_ids[local], full.response_mask[local],
-        full.has_eos[local])
+        full.has_eos[local], prompt_truncated=full.prompt_truncated[local])
     metrics = trainer.train_step()
     trainer_module.generate = generate
     weights = {f"policy.{k}": v for k, v in trainer.accelerator.unwrap_model(trainer.policy).state_dict().items()}

@@ -552,6 +552,7 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
                 key, spec = running.pop(future)
                 try:
                     outcome = future.result()
+                    outcome.spec = spec  # a remote backend hands back a copy; the report orders by identity
                 except SweepDirNotShared:
                     raise
                 except Exception as error:  # the backend lost the run, not the run failed

@@ -159,7 +159,7 @@ def results_without_timing(sweep_dir: Path) -> list[dict]:
     build_report(sweep_dir)
     with open(sweep_dir / "results.csv", newline="") as handle:
         rows = [{k: v for k, v in row.items() if k != "wall_seconds"} for row in csv.DictReader(handle)]
-    assert len(rows) == 4 and all(row["status"] == "complete" for row in rows), rows
+    assert rows and all(row["status"] == "ok" for row in rows), rows
     return rows
 
 
@@ -172,7 +172,12 @@ def local_results(tmp_path_factory, tiny_model_dir):
     sweep = tmp_path_factory.mktemp("local") / "sweep"
     result = run_sweep([toy_ablation(tiny_model_dir)], sweep, seeds=2, workers=os.cpu_count() or 1, progress=False)
     assert result.ok and len(result.completed) == 4
-    return results_without_timing(sweep)
+    rows = results_without_timing(sweep)
+    # The comparisons have teeth: the two seeds' numbers differ, so a run given another seed
+    # would not match. (The variants agree here: two steps from a random model earn no
+    # reward, so both scale zero advantages.)
+    assert [row["seed"] for row in rows] == ["1", "2", "1", "2"] and rows[0]["entropy"] != rows[1]["entropy"]
+    return rows
 
 
 DRIVER = """
@@ -248,7 +253,8 @@ def test_slurm_backend_through_submitits_local_executor_matches_local(tmp_path, 
     pytest.importorskip("submitit", reason="the slurm extra is not installed: pip install -e '.[slurm]'")
     sweep = tmp_path / "sweep"
     backend = backends.SlurmBackend(cluster="local", workers=2, time_min=10)
-    result = run_sweep([toy_ablation(tiny_model_dir)], sweep, seeds=2, progress=False, backend=backend)
-    assert result.ok and len(result.completed) == 4, result.summary()
-    assert results_without_timing(sweep) == local_results
+    # Seed 1 only (two jobs): the Ray test covers interruption; this one checks the numbers.
+    result = run_sweep([toy_ablation(tiny_model_dir)], sweep, seeds=1, progress=False, backend=backend)
+    assert result.ok and len(result.completed) == 2, result.summary()
+    assert results_without_timing(sweep) == [row for row in local_results if row["seed"] == "1"]
     assert list((sweep / ".submitit").iterdir())  # the jobs went through submitit

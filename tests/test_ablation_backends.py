@@ -145,10 +145,19 @@ def test_make_backend_rejects_options_the_backend_does_not_use():
         make_backend("k8s")
 
 
-def test_a_missing_extra_names_the_install_command(tmp_path, monkeypatch):
+def test_a_missing_extra_names_the_install_command(tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray now raises ImportError
     with pytest.raises(backends.BackendUnavailable, match=r"pip install -e '\.\[ray\]'"):
         RayBackend().open(tmp_path)
+    # Through the command line: exit code 2 and the same message, before any run starts.
+    from ablations.__main__ import main
+
+    assert main(["run", "quick", "--seeds", "1", "--steps", "1", "--backend", "ray",
+                 "--out", str(tmp_path / "sweep")]) == 2
+    assert "pip install -e '.[ray]'" in capsys.readouterr().err
+    assert not list((tmp_path / "sweep").glob("*/*/seed*/summary.json"))
+    assert main(["run", "quick", "--backend", "local", "--cpus-per-run", "2"]) == 2
+    assert "--cpus-per-run does not apply to the local backend" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------------- real sweeps

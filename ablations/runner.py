@@ -22,9 +22,9 @@ Rerunning the same command continues a sweep:
 - a run that failed (``error.txt``) or was interrupted is redone. If its directory holds a
   complete checkpoint written under the same config (``threads``, ``progress`` and the
   spelling of ``output_dir`` aside, which do not change the algorithm), it continues with
-  ``--resume``; otherwise its directory is
-  cleared (``stdout.log`` kept, so earlier attempts stay readable) and it starts from scratch,
-  because a half-written ``metrics.jsonl`` from another config would silently mix two runs.
+  ``--resume``; otherwise its directory is cleared (``stdout.log`` kept, so earlier attempts
+  stay readable) and it starts from scratch, because a half-written ``metrics.jsonl`` from
+  another config would silently mix two runs.
 
 A failing run never stops the sweep: it gets ``error.txt`` and is listed as failed in the
 `SweepResult`. A run whose worker or node died is failed the same way (the driver writes its

@@ -37,6 +37,7 @@ import shlex
 import socket
 import time
 import uuid
+from abc import ABC, abstractmethod
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -151,7 +152,7 @@ def _worker_env() -> dict[str, str]:
 
 
 # ---------------------------------------------------------------------------------- backends
-class Backend:
+class Backend(ABC):
     """Executes single run attempts for `run_sweep`.
 
     The runner calls `threads_per_run` while planning, `open` once before the first submit
@@ -165,24 +166,29 @@ class Backend:
     # a cluster that gains nodes be re-read. None: wait for the next finished run.
     poll_seconds: float | None = None
 
+    @abstractmethod
     def threads_per_run(self) -> int:
-        raise NotImplementedError
+        """torch threads each run gets (its config's `threads`; part of what makes it reproducible)."""
 
     def describe(self) -> dict:
         """What sweep.json records about the backend."""
         return {"name": self.name, "threads_per_run": self.threads_per_run()}
 
+    @abstractmethod
     def open(self, sweep_dir: Path) -> None:
-        raise NotImplementedError
+        """Start the pool, or connect to the cluster; `sweep_dir` is absolute."""
 
+    @abstractmethod
     def capacity(self) -> int:
-        raise NotImplementedError
+        """How many runs may be submitted at once now (at least 1)."""
 
+    @abstractmethod
     def submit(self, spec: RunSpec, timeout: float | None) -> Future:
-        raise NotImplementedError
+        """Start ``attempt_run(spec, timeout)`` somewhere; the future holds its `RunOutcome`."""
 
+    @abstractmethod
     def close(self, abort: bool = False) -> None:
-        raise NotImplementedError
+        """Release the pool or the cluster; with `abort`, first stop every run still going."""
 
 
 def _positive(name: str, value: int | None) -> None:
@@ -231,8 +237,8 @@ class LocalBackend(Backend):
 class RayBackend(Backend):
     """Each run a Ray task on any node of a Ray cluster.
 
-    `address`: None starts a local cluster (with `num_cpus` CPUs, default all), ``"auto"`` joins
-    the cluster that ``ray start`` made on this node, ``"ray://host:10001"`` a remote one.
+    `address`: None starts a local cluster (with `num_cpus` CPUs, default all); ``"auto"`` joins
+    the cluster that ``ray start`` made on this node (``"HEAD_IP:6379"`` names its head).
     `cpus_per_run`: CPUs Ray reserves for a run, and the run's torch threads. `gpus_per_run`:
     GPUs reserved for a run; None gives one to runs whose config says ``device: cuda`` and none
     to the others. `workers`: at most this many runs at once (default: as many as the

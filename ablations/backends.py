@@ -278,8 +278,9 @@ class RayBackend(Backend):
             task_options["runtime_env"] = runtime_env
         else:
             local = self.address is None
+            # Runs log to their own stdout.log; Ray's INFO lines would only push the progress bar around.
             ray.init(address=self.address, num_cpus=self.num_cpus if local else None, include_dashboard=False,
-                     log_to_driver=False, runtime_env=runtime_env)
+                     log_to_driver=False, logging_level="WARNING", runtime_env=runtime_env)
             self._started_cluster = True
         self._task_options = task_options
         self._remote = ray.remote(max_retries=RAY_MAX_RETRIES)(attempt_on_worker)

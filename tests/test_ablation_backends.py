@@ -202,6 +202,14 @@ run_sweep([toy], {sweep!r}, seeds=2, progress=False, backend=RayBackend(num_cpus
 """
 
 
+def _complete_runs(sweep: Path) -> set[Path]:
+    return {path.parent for path in sweep.glob("toy/*/seed*/summary.json")}
+
+
+def _started_runs(sweep: Path) -> set[Path]:
+    return {path.parent for path in sweep.glob("toy/*/seed*/stdout.log")}
+
+
 def _processes_mentioning(text: str) -> list[int]:
     """Pids of live processes whose command line contains `text` (Linux /proc)."""
     pids = []
@@ -225,11 +233,13 @@ def test_ray_sweep_matches_local_survives_a_killed_driver_and_skips_on_rerun(tmp
     driver = subprocess.Popen([sys.executable, "-c", script], env=env, start_new_session=True,
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
+        # Kill once a run is complete and another is training (its stdout.log is written as
+        # its process starts): the sweep then has complete, interrupted and unstarted runs.
         deadline = time.monotonic() + 300
-        while not list(sweep.glob("toy/*/seed*/summary.json")):
+        while not (_complete_runs(sweep) and _started_runs(sweep) - _complete_runs(sweep)):
             assert driver.poll() is None, f"the Ray driver exited early:\n{driver.stderr.read()[-3000:]}"
             assert time.monotonic() < deadline, "no run finished on the Ray cluster within 300 s"
-            time.sleep(0.5)
+            time.sleep(0.2)
         driver.send_signal(signal.SIGKILL)  # the driver dies mid-sweep, as with a lost head node
         driver.wait()
     finally:
@@ -243,8 +253,9 @@ def test_ray_sweep_matches_local_survives_a_killed_driver_and_skips_on_rerun(tmp
     while _processes_mentioning(f"--output-dir {sweep}") and time.monotonic() < deadline:
         time.sleep(0.5)
     assert _processes_mentioning(f"--output-dir {sweep}") == []
-    complete = {p.parent: p.stat().st_mtime_ns for p in sweep.glob("toy/*/seed*/summary.json")}
-    assert 1 <= len(complete) < 4, "the kill should have come mid-sweep"
+    complete = {run_dir: (run_dir / "summary.json").stat().st_mtime_ns for run_dir in _complete_runs(sweep)}
+    interrupted = _started_runs(sweep) - set(complete)
+    assert 1 <= len(complete) < 4 and interrupted, "the kill should have come mid-sweep"
 
     rerun = run_sweep([toy_ablation(tiny_model_dir)], sweep, seeds=2, progress=False,
                       backend=RayBackend(num_cpus=2))
@@ -253,6 +264,8 @@ def test_ray_sweep_matches_local_survives_a_killed_driver_and_skips_on_rerun(tmp
     for run_dir, mtime in complete.items():  # complete runs were not trained again
         assert (run_dir / "summary.json").stat().st_mtime_ns == mtime
         assert (run_dir / "stdout.log").read_text().count("\n=== ") == 1
+    for run_dir in interrupted:  # the killed attempt, then the one that finished it
+        assert (run_dir / "stdout.log").read_text().count("\n=== ") == 2
     assert results_without_timing(sweep) == local_results
 
     # A rerun of a complete sweep skips everything and never connects to Ray.

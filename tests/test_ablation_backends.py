@@ -9,6 +9,7 @@ skipped when the optional extra (``pip install -e '.[ray]'``, ``'.[slurm]'``) is
 """
 
 import csv
+import importlib.util
 import os
 import signal
 import subprocess
@@ -161,6 +162,11 @@ def test_a_missing_extra_names_the_install_command(tmp_path, monkeypatch, capsys
 
 
 # ---------------------------------------------------------------------------------- real sweeps
+def _installed(module: str) -> bool:
+    """Checked at collection, so a missing extra skips before the shared local sweep is run."""
+    return importlib.util.find_spec(module) is not None
+
+
 def results_without_timing(sweep_dir: Path) -> list[dict]:
     """results.csv of a sweep, less the wall time (the only column allowed to differ)."""
     from ablations.report import build_report
@@ -223,9 +229,9 @@ def _processes_mentioning(text: str) -> list[int]:
     return pids
 
 
+@pytest.mark.skipif(not _installed("ray"), reason="the ray extra is not installed: pip install -e '.[ray]'")
 def test_ray_sweep_matches_local_survives_a_killed_driver_and_skips_on_rerun(tmp_path, tiny_model_dir,
                                                                               local_results, monkeypatch):
-    pytest.importorskip("ray", reason="the ray extra is not installed: pip install -e '.[ray]'")
     sweep = tmp_path / "sweep"
     script = DRIVER.format(tiny=TINY, model=str(tiny_model_dir), sweep=str(sweep))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")]))}
@@ -274,8 +280,9 @@ def test_ray_sweep_matches_local_survives_a_killed_driver_and_skips_on_rerun(tmp
     assert len(again.skipped) == 4 and not again.completed
 
 
+@pytest.mark.skipif(not _installed("submitit"),
+                    reason="the slurm extra is not installed: pip install -e '.[slurm]'")
 def test_slurm_backend_through_submitits_local_executor_matches_local(tmp_path, tiny_model_dir, local_results):
-    pytest.importorskip("submitit", reason="the slurm extra is not installed: pip install -e '.[slurm]'")
     sweep = tmp_path / "sweep"
     backend = backends.SlurmBackend(cluster="local", workers=2, time_min=10)
     # Seed 1 only (two jobs): the Ray test covers interruption; this one checks the numbers.

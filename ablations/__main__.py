@@ -4,13 +4,15 @@ Commands::
 
     python -m ablations list
     python -m ablations run NAME [NAME ...] [--seeds 3] [--steps N] [--workers N] [--out DIR] [--no-reuse]
+                            [--backend local|ray|slurm] [--address auto] [--cpus-per-run N] [--gpus-per-run N]
     python -m ablations report DIR
     python -m ablations bench [--steps 8] [--presets alpacafarm grpo]
 
 ``run`` writes one ``ppo-train`` run directory per variant x seed under ``DIR/<ablation>/``
 (default ``DIR = sweeps/<first NAME>``), skips runs that are already complete and retries
 failed ones (see `ablations.runner`), then builds the report: ``results.csv``,
-``report.md`` (mean and spread over seeds) and ``plots/`` in DIR.
+``report.md`` (mean and spread over seeds) and ``plots/`` in DIR. ``--backend ray`` runs each
+run as a task on a Ray cluster, ``--backend slurm`` as a Slurm job (`ablations.backends`).
 """
 
 from __future__ import annotations
@@ -70,11 +72,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     if unknown:
         print(_unknown_names_message(unknown, known), file=sys.stderr)
         return USAGE_ERROR
+    from .backends import BackendUnavailable, SweepDirNotShared, make_backend
     from .runner import run_sweep
 
     sweep_dir = Path(args.out) if args.out else Path("sweeps") / names[0]
-    result = run_sweep([known[name] for name in names], sweep_dir, seeds=args.seeds, steps=args.steps,
-                       workers=args.workers, timeout=args.timeout, progress=True, reuse=not args.no_reuse)
+    try:
+        backend = make_backend(args.backend, workers=args.workers, address=args.address,
+                               cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
+                               partition=args.partition, time_min=args.time_min)
+        result = run_sweep([known[name] for name in names], sweep_dir, seeds=args.seeds, steps=args.steps,
+                           workers=args.workers, timeout=args.timeout, progress=True, reuse=not args.no_reuse,
+                           backend=backend)
+    except (ValueError, BackendUnavailable) as error:
+        print(f"run: {error}", file=sys.stderr)
+        return USAGE_ERROR
+    except SweepDirNotShared as error:
+        print(f"run: sweep stopped: {error}\nComplete runs are kept; rerun the same command once every "
+              f"node sees the directory.", file=sys.stderr)
+        return 1
     if not result.completed and not result.skipped:
         print("no run completed: nothing to report", file=sys.stderr)
         return 1
@@ -114,12 +129,28 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--steps", type=_positive_int, default=None,
                      help="RL steps per run (default: the ablation's own, else the preset's testbed value)")
     run.add_argument("--workers", type=_positive_int, default=None,
-                     help="concurrent runs (default: one per CPU core); each gets cpu_count // workers threads")
+                     help="concurrent runs (local default: one per CPU core, each with cpu_count // workers "
+                          "threads; ray default: as many as the cluster fits; slurm default: 32 jobs)")
     run.add_argument("--timeout", type=float, default=None, help="seconds before a run is killed and marked failed")
     run.add_argument("--no-reuse", action="store_true",
                      help="train every run, even one whose config equals a complete run's in the sweep dir "
                           "(by default such a run copies that run's outputs)")
-    run.add_argument("--out", default=None, help="sweep directory (default: sweeps/<first NAME>)")
+    run.add_argument("--out", default=None, help="sweep directory (default: sweeps/<first NAME>); on a "
+                     "cluster it must be on a filesystem every node sees at the same path")
+    run.add_argument("--backend", choices=("local", "ray", "slurm"), default="local",
+                     help="where runs execute: local processes (default), Ray tasks on a Ray cluster, "
+                          "or Slurm jobs through submitit")
+    run.add_argument("--address", default=None,
+                     help="ray: the cluster to join ('auto': the one `ray start` made on this node); "
+                          "default: start a local one")
+    run.add_argument("--cpus-per-run", type=_positive_int, default=None,
+                     help="ray/slurm: CPUs reserved for each run, also its torch threads (default 1)")
+    run.add_argument("--gpus-per-run", type=int, default=None,
+                     help="ray/slurm: GPUs reserved for each run (default: 1 if the run's config says "
+                          "device: cuda, else 0)")
+    run.add_argument("--partition", default=None, help="slurm: the partition to submit to")
+    run.add_argument("--time-min", type=_positive_int, default=None,
+                     help="slurm: each job's time limit in minutes (default 120)")
     run.set_defaults(handler=cmd_run)
 
     report = commands.add_parser("report", help="build results.csv, report.md and plots/ for a sweep directory")

@@ -10,20 +10,28 @@ A sweep directory holds one ordinary ``ppo-train`` run directory per (ablation, 
 
 Each run is a separate ``python -m ppo.cli`` process, so a crash, an out-of-memory kill or a
 hung run costs one run, not the sweep, and each run gets a fresh interpreter (no state shared
-between runs through torch's global RNG or thread settings). The runs share the CPU evenly:
-each gets ``threads = max(1, cpu_count // workers)`` torch threads.
+between runs through torch's global RNG or thread settings). Where that process runs is the
+backend's business (`ablations.backends`): on this machine by default, where the runs share
+the CPU evenly (each gets ``threads = max(1, cpu_count // workers)`` torch threads), or on
+the nodes of a Ray cluster or as Slurm jobs (each gets ``cpus_per_run`` threads). Everything
+below is decided here, in the driver, once for all backends.
 
 Rerunning the same command continues a sweep:
 
 - a run whose directory holds ``summary.json`` is complete and is skipped;
 - a run that failed (``error.txt``) or was interrupted is redone. If its directory holds a
-  complete checkpoint written under the same config (``threads`` and ``progress`` aside, which
-  do not change the algorithm), it continues with ``--resume``; otherwise its directory is
-  cleared (``stdout.log`` kept, so earlier attempts stay readable) and it starts from scratch,
-  because a half-written ``metrics.jsonl`` from another config would silently mix two runs.
+  complete checkpoint written under the same config (``threads``, ``progress`` and the
+  spelling of ``output_dir`` aside, which do not change the algorithm), it continues with
+  ``--resume``; otherwise its directory is cleared (``stdout.log`` kept, so earlier attempts
+  stay readable) and it starts from scratch, because a half-written ``metrics.jsonl`` from
+  another config would silently mix two runs.
 
 A failing run never stops the sweep: it gets ``error.txt`` and is listed as failed in the
-`SweepResult`.
+`SweepResult`. A run whose worker or node died is failed the same way (the driver writes its
+``error.txt``), after Ray's own retries. A killed sweep (Ctrl-C, a killed driver, a dead node)
+is finished by rerunning the same command: complete runs are skipped, the rest resume or
+restart. A run's process dies with the process that started it (``PR_SET_PDEATHSIG`` on
+Linux), so a killed sweep leaves no run training in the background.
 
 Identical runs are trained once. Ablations share variants (the unmodified preset is the base
 row of many of them), and a run is a deterministic function of its config: same config,
@@ -42,12 +50,13 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import deque
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, wait
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -56,15 +65,14 @@ from typing import TYPE_CHECKING, Iterable
 from ppo.config import PPOConfig
 
 if TYPE_CHECKING:
+    from .backends import Backend
     from .registry import Ablation
 
-# Where ``python -m ppo.cli`` is importable from, whatever the caller's working directory.
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # Lines of stderr kept in error.txt: enough for a full Python traceback.
 STDERR_TAIL_LINES = 60
 # Config fields that may differ between a checkpoint and a resumed attempt: they change how
-# fast a run goes or what it prints, not what it computes.
-RESUME_IGNORED_FIELDS = ("threads", "progress")
+# fast a run goes, what it prints, or how its (same) directory is spelled, not what it computes.
+RESUME_IGNORED_FIELDS = ("threads", "progress", "output_dir")
 # Config fields that may differ between two runs that compute the same thing (for reuse).
 # ``threads`` is not among them: reductions split over a different number of threads round
 # differently, and over many sampled steps that changes the run.
@@ -228,6 +236,46 @@ def run_command(spec: RunSpec, resume: bool = False) -> list[str]:
     return command + ["--resume"] if resume else command
 
 
+def code_roots() -> list[str]:
+    """The directories this process imports the project's four packages from.
+
+    A run's ``python -m ppo.cli`` must import the same code as the runner that launched it:
+    the checkout the sweep was started from, or on a Ray worker the copy Ray unpacked there
+    (each package may then sit in a directory of its own).
+    """
+    import ablations
+    import gae
+    import ppo
+    import value_model
+
+    packages = (ppo, value_model, gae, ablations)
+    return list(dict.fromkeys(str(Path(package.__file__).resolve().parents[1]) for package in packages))
+
+
+# Linux's prctl, looked up once here: a preexec_fn runs between fork and exec, where loading a
+# library could deadlock on a lock held by another thread of the runner.
+_PRCTL = None
+if sys.platform.startswith("linux"):
+    import ctypes
+
+    try:
+        _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        _PRCTL = None
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to kill it when the thread that launched it dies.
+
+    A sweep driver or Ray worker killed with SIGKILL cannot stop its children; without this a
+    run would go on training in the background and write into the directory that the rerun of
+    the sweep is clearing or resuming. Elsewhere than Linux this does nothing.
+    """
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 # Processes still running, so an interrupted sweep can stop its own children.
 _live_processes: set[subprocess.Popen] = set()
 _live_lock = threading.Lock()
@@ -243,7 +291,7 @@ def launch_run(spec: RunSpec, resume: bool = False, timeout: float | None = None
     threads = str(spec.config.threads)
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(PROJECT_ROOT), os.environ.get("PYTHONPATH")])),
+        "PYTHONPATH": os.pathsep.join(filter(None, [*code_roots(), os.environ.get("PYTHONPATH")])),
         "PYTHONUNBUFFERED": "1",  # keeps stdout and stderr lines in order in the shared log
         # BLAS/OpenMP pools start before torch.set_num_threads runs; without these every run
         # would briefly grab all cores and the concurrent runs would oversubscribe the CPU.
@@ -258,7 +306,7 @@ def launch_run(spec: RunSpec, resume: bool = False, timeout: float | None = None
         log.write(f"\n=== {datetime.now().isoformat(timespec='seconds')} {shlex.join(command)}\n")
         log.flush()
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.PIPE, text=True, errors="replace",
-                                   env=env)
+                                   env=env, preexec_fn=_die_with_parent)
         with _live_lock:
             _live_processes.add(process)
 
@@ -298,7 +346,12 @@ def launch_run(spec: RunSpec, resume: bool = False, timeout: float | None = None
     return RunOutcome(spec, "failed", returncode, error=headline, seconds=seconds, resumed=resume)
 
 
-def _attempt(spec: RunSpec, timeout: float | None) -> RunOutcome:
+def attempt_run(spec: RunSpec, timeout: float | None) -> RunOutcome:
+    """One attempt at `spec`: resume it or clear its directory (`prepare_run_dir`), then train.
+
+    This is all a backend runs, wherever it runs it, so the resume-or-restart rule is the
+    same on every backend.
+    """
     try:
         resume = prepare_run_dir(spec)
     except OSError as error:  # e.g. an unwritable sweep dir: a failed run, not a dead sweep
@@ -365,7 +418,8 @@ def _command_line() -> str:
     return shlex.join([*head, *sys.argv[1:]])
 
 
-def _write_sweep_json(sweep_dir: Path, names: list[str], seeds: int, steps: int | None, workers: int) -> None:
+def _write_sweep_json(sweep_dir: Path, names: list[str], seeds: int, steps: int | None, workers: int | None,
+                      backend: dict) -> None:
     """Record what was asked for; ablations accumulate so one dir can hold several sweeps."""
     path = sweep_dir / "sweep.json"
     previous = {}
@@ -381,41 +435,60 @@ def _write_sweep_json(sweep_dir: Path, names: list[str], seeds: int, steps: int 
         "seeds": seeds,
         "steps": steps,
         "workers": workers,
+        "backend": backend,
         "started": datetime.now().isoformat(timespec="seconds"),
         "command": _command_line(),
     }
     path.write_text(json.dumps(record, indent=2) + "\n")
 
 
+def _failed_by_backend(spec: RunSpec, backend_name: str, error: BaseException) -> RunOutcome:
+    """A run whose attempt never reported back (its worker or node died, Ray gave up on it).
+
+    The worker could not write error.txt, so the driver does, and the sweep goes on.
+    """
+    headline = f"{backend_name} backend: {type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+    try:
+        spec.run_dir.mkdir(parents=True, exist_ok=True)
+        (spec.run_dir / "error.txt").write_text(f"{headline}\n--- full error ---\n{error}\n")
+    except OSError:
+        pass  # the outcome still carries the headline
+    return RunOutcome(spec, "failed", None, error=headline)
+
+
 def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path, seeds: int = 3,
               steps: int | None = None, workers: int | None = None, timeout: float | None = None,
-              progress: bool = True, reuse: bool = True) -> SweepResult:
+              progress: bool = True, reuse: bool = True, backend: "Backend | None" = None) -> SweepResult:
     """Run every variant x seed of the named ablations into `sweep_dir`; see the module doc.
 
-    `workers` concurrent runs (default: one per CPU core); `timeout` seconds per run (None:
-    no limit). Complete runs are skipped, failed ones retried; with `reuse`, a run identical
-    to a complete one is copied instead of trained. Returns the outcomes; with `progress`,
-    shows a progress bar and prints the summary.
+    `backend` says where the runs execute (`ablations.backends`); the default is a local
+    process pool of `workers` concurrent runs (default: one per CPU core). `timeout` seconds
+    per run (None: no limit). Complete runs are skipped, failed ones retried; with `reuse`, a
+    run identical to a complete one is copied instead of trained. All of this happens here,
+    in the driver, the same for every backend: a backend only executes `attempt_run`.
+    Returns the outcomes; with `progress`, shows a progress bar and prints the summary.
+    Raises `SweepDirNotShared` (after stopping the sweep) when a worker cannot see the sweep
+    directory.
     """
     from tqdm.auto import tqdm
+
+    from .backends import LocalBackend, SweepDirNotShared
 
     ablations = [resolve_ablation(a) for a in ablation_names]
     names = list(dict.fromkeys(a.name for a in ablations))
     ablations = [next(a for a in ablations if a.name == name) for name in names]  # drop repeats
     if not ablations:
         raise ValueError("run_sweep: no ablations given")
-    cpu_count = os.cpu_count() or 1
-    workers = workers or cpu_count
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1 (got {workers})")
-    threads = max(1, cpu_count // workers)
+    backend = backend or LocalBackend(workers)
+    threads = backend.threads_per_run()
 
-    sweep_dir = Path(sweep_dir)
+    # Absolute, so a run's paths mean the same thing on a worker with another working directory.
+    sweep_dir = Path(sweep_dir).absolute()
     specs = [spec for ablation in ablations for spec in plan_runs(ablation, seeds, steps, sweep_dir)]
     for spec in specs:
         spec.config = spec.config.replace(threads=threads)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    _write_sweep_json(sweep_dir, names, seeds, steps, workers)
+    _write_sweep_json(sweep_dir, names, seeds, steps, workers, backend.describe())
 
     result = SweepResult(sweep_dir)
     pending = []
@@ -427,10 +500,11 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
 
     bar = tqdm(total=len(specs), desc=f"sweep {', '.join(names)}", unit="run", disable=not progress,
                dynamic_ncols=True)
+    running: dict = {}  # future -> (fingerprint, spec): submitted to the backend, not yet back
 
     def show_counts():
         bar.set_postfix(ok=len(result.completed), reused=len(result.reused), failed=len(result.failed),
-                        skipped=len(result.skipped))
+                        skipped=len(result.skipped), running=len(running))
 
     bar.update(len(result.skipped))
     show_counts()
@@ -453,20 +527,36 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
         show_counts()
         bar.update(1)
 
-    executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sweep-run")
+    to_train: deque[tuple[str, RunSpec]] = deque()
+    for key, spec in leaders:
+        if key in done:  # a complete identical run exists: this run and its followers copy it
+            for copy in [spec, *followers.pop(key)]:
+                record(copy_run(done[key], copy))
+        else:
+            to_train.append((key, spec))
+
+    opened = False
     try:
-        running: dict = {}  # future -> (fingerprint, spec)
-        for key, spec in leaders:
-            if key in done:  # a complete identical run exists: this run and its followers copy it
-                for copy in [spec, *followers.pop(key)]:
-                    record(copy_run(done[key], copy))
-            else:
-                running[executor.submit(_attempt, spec, timeout)] = (key, spec)
-        while running:
-            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+        while to_train or running:
+            if to_train and not opened:  # connect (start a Ray cluster ...) only if there is work
+                backend.open(sweep_dir)
+                opened = True
+            # Submit only what can run now, so that `running` counts running runs and a
+            # failed leader's follower is not stuck behind the rest of the queue.
+            while to_train and len(running) < backend.capacity():
+                key, spec = to_train.popleft()
+                running[backend.submit(spec, timeout)] = (key, spec)
+            show_counts()
+            finished, _ = wait(running, timeout=backend.poll_seconds, return_when=FIRST_COMPLETED)
             for future in finished:
                 key, spec = running.pop(future)
-                outcome = future.result()
+                try:
+                    outcome = future.result()
+                    outcome.spec = spec  # a remote backend hands back a copy; the report orders by identity
+                except SweepDirNotShared:
+                    raise
+                except Exception as error:  # the backend lost the run, not the run failed
+                    outcome = _failed_by_backend(spec, backend.name, error)
                 record(outcome)
                 waiting = followers.pop(key)
                 if outcome.status == "ok":
@@ -475,21 +565,20 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
                 elif waiting:  # the leader failed: the next identical run trains itself
                     leader, *rest = waiting
                     followers[key] = rest
-                    running[executor.submit(_attempt, leader, timeout)] = (key, leader)
-    except KeyboardInterrupt:
-        # Queued runs must not start, and running children must not outlive the sweep.
-        executor.shutdown(wait=False, cancel_futures=True)
-        with _live_lock:
-            for process in list(_live_processes):
-                process.kill()
-        raise
-    finally:
-        executor.shutdown(wait=True)
+                    to_train.appendleft((key, leader))
+    except BaseException:
+        # Ctrl-C, or a worker that cannot see the sweep dir: queued runs must not start and
+        # running ones must not outlive the sweep. Rerunning the command picks up from here.
         bar.close()
+        if opened:
+            backend.close(abort=True)
+        raise
+    if opened:
+        backend.close(abort=False)
+    bar.close()
     # Report in plan order (variant-major), not completion order.
     order = {id(spec): i for i, spec in enumerate(specs)}
     result.outcomes.sort(key=lambda o: order[id(o.spec)])
     if progress:
         print(result.summary())
     return result
-

@@ -1,0 +1,192 @@
+"""Bad inputs a hostile but realistic user gives: each is refused with a clear message naming
+what is wrong, never a raw library traceback or a silent run. docs/reliability.md lists
+every case with the test that checks it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from ppo.config import PPOConfig, read_yaml_mapping, resume_conflicts
+from ppo.guards import (NonFiniteError, RewardTypeError, check_parameters, check_scores, check_update,
+                        drop_nonfinite_scores, reward_values)
+from ppo.trainer import RLTrainer
+
+# Smaller than test_trainer's TINY (one epoch, 4 responses of 8 tokens): these runs check
+# plumbing, not learning, and must stay a few seconds each.
+TINY = dict(rollout_batch_size=4, response_length=8, eval_size=2, eval_every=0, total_steps=3, save_every=1,
+            progress=False, log_samples=2, lr=1e-3, ppo_epochs=1)
+PROMPTS = ["1+1=", "2+3=", "9+9=", "4+4="]
+FLOAT_FIELDS = ["lr", "kl_coef", "vf_coef", "entropy_coef", "temperature", "gamma", "lam", "cliprange", "adam_eps",
+                "top_p", "kl_target", "grpo_eps", "missing_eos_penalty", "missing_eos_value", "weight_decay",
+                "length_reward_coef", "filter_min_pass_rate", "filter_max_pass_rate", "reward_clip", "max_grad_norm",
+                "cliprange_high", "cliprange_value", "dual_clip", "target_kl", "value_lr"]
+
+
+def count_ones(prompts, responses):
+    return [float(r.count("1")) for r in responses]
+
+
+def assert_checkpoint_is_live_and_finite(checkpoint, trainer):
+    """The checkpoint's weights are finite and equal to the trainer's (no update after it)."""
+    from safetensors.torch import load_file
+
+    saved = load_file(str(checkpoint / "policy" / "model.safetensors"))
+    live = trainer.policy.state_dict()
+    assert saved and all(torch.isfinite(t).all() for t in saved.values())
+    assert all(torch.equal(saved[name], live[name]) for name in saved)
+
+
+# ---------------------------------------------------------------- config: NaN, inf, seeds
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, "nan", "-inf"])
+@pytest.mark.parametrize("name", FLOAT_FIELDS)
+def test_config_rejects_non_finite_floats(name, value):
+    with pytest.raises(ValueError, match=rf"PPOConfig\.{name}: must be a finite number"):
+        PPOConfig(**{name: value})
+
+
+@pytest.mark.parametrize("seed", [-1, 2**63, 2**70])
+def test_config_rejects_seeds_torch_cannot_take(seed):
+    with pytest.raises(ValueError, match=r"PPOConfig\.seed: must be in \[0, "):
+        PPOConfig(seed=seed)
+
+
+@pytest.mark.parametrize("text, message", [
+    ("lr: [1, 2\n", "not valid YAML"), ("- 1\n- 2\n", "mapping of field: value"), (b"lr: \xff\xfe\n", "not UTF-8"),
+    ("lr: nan\n", r"PPOConfig\.lr: must be a finite number"), ("bogus_field: 1\n", "unknown field")])
+def test_broken_config_file_names_the_file(tmp_path, text, message):
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(ValueError, match=message) as error:
+        PPOConfig.from_yaml(path)
+    assert str(path) in str(error.value)
+
+
+def test_cli_broken_config_file_is_a_usage_error(tmp_path, capsys):
+    from ppo.cli import main
+
+    path = tmp_path / "bad.yaml"
+    path.write_text("lr: [1, 2\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--config", str(path), "--output-dir", str(tmp_path / "run")])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert str(path) in err and "not valid YAML" in err and "Traceback" not in err
+
+
+# ---------------------------------------------------------------- reward functions
+@pytest.mark.parametrize("returned, message", [
+    (None, "returned NoneType"), ("1010", "returned a string"), (b"10", "returned a string"), (1.0, "returned float"),
+    (3, "returned int"), (torch.ones(2, 2), r"shape \(2, 2\)"), (np.ones((2, 1)), r"shape \(2, 1\)"),
+    (torch.tensor(1.0), r"shape \(\)"), ({"a": 1}, "returned dict"), ([1.0], "1 rewards for 2 responses"),
+    ([1.0, 2.0, 3.0], "3 rewards for 2 responses"), ([1.0, "x"], "returned str 'x' as the reward of prompt 1"),
+    ([None, 1.0], "returned NoneType None as the reward of prompt 0"), ([1.0, [2.0]], "returned list"),
+    ([True, 1.0], "returned bool"), ([1.0, 1j], "returned complex")])
+def test_reward_fn_must_return_one_real_number_per_response(returned, message):
+    def my_reward(prompts, responses):
+        return returned
+
+    with pytest.raises(RewardTypeError, match=message) as error:
+        reward_values(my_reward(None, None), ["p0", "p1"], ["r0", "r1"], my_reward)
+    assert "my_reward" in str(error.value)
+
+
+@pytest.mark.parametrize("returned", [[1, 0.5], (1, 0.5), torch.tensor([1.0, 0.5]), np.array([1.0, 0.5]),
+                                      [torch.tensor(1.0), np.float32(0.5)]])
+def test_reward_fn_accepts_lists_tuples_and_1d_arrays(returned):
+    assert reward_values(returned, ["p0", "p1"], ["r0", "r1"]) == [1.0, 0.5]
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_score_names_prompt_response_and_source(bad):
+    scores = torch.tensor([1.0, bad, 0.0])
+    with pytest.raises(NonFiniteError, match=r"my_fn gave .* for prompt 1 'p1' response 'r1'"):
+        check_scores(scores, ["p0", "p1", "p2"], ["r0", "r1", "r2"], "my_fn")
+    assert check_scores(scores, ["p0", "p1", "p2"], ["r0", "r1", "r2"], "my_fn", drop=True).tolist() == [
+        True, False, True]
+
+
+def test_dropped_score_takes_its_group_mean():
+    """Group [1, NaN] -> NaN becomes 1 (advantage 0); group [NaN, NaN] -> 0."""
+    scores = torch.tensor([1.0, math.nan, math.nan, math.inf])
+    dropped = drop_nonfinite_scores(scores, torch.isfinite(scores), 2)
+    assert dropped.tolist() == [1.0, 1.0, 0.0, 0.0]
+
+
+def test_nan_reward_on_step_k_keeps_newest_checkpoint_finite_and_equal_to_step_k_minus_1(tmp_path, tiny_model_dir):
+    """A NaN reward for one sample on step 3: the run stops before the update of step 3; the
+    newest checkpoint is step 2's, finite and equal to the weights after step 2."""
+    holder = {}
+
+    def sometimes_nan(prompts, responses):
+        rewards = count_ones(prompts, responses)
+        if holder["trainer"].step == 2 and len(responses) == 4:  # training batch of step 3
+            rewards[2] = math.nan
+        return rewards
+
+    config = PPOConfig(task="custom", model_path=str(tiny_model_dir), output_dir=str(tmp_path / "run"), **TINY)
+    trainer = holder["trainer"] = RLTrainer(config, prompts=PROMPTS, reward_fn=sometimes_nan)
+    with pytest.raises(NonFiniteError, match=r"reward_fn .*sometimes_nan gave nan for prompt 2 .* stopped before"):
+        trainer.train()
+    checkpoints = sorted(p.name for p in (tmp_path / "run" / "checkpoints").iterdir())
+    assert checkpoints == ["step_000001", "step_000002"]
+    assert_checkpoint_is_live_and_finite(tmp_path / "run" / "checkpoints" / "step_000002", trainer)
+    assert [json.loads(line)["step"] for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()] == [
+        0, 1, 2]
+
+
+def test_drop_mode_trains_on_and_counts_dropped_samples(tmp_path, tiny_model_dir):
+    def first_is_nan(prompts, responses):
+        return [math.nan] + count_ones(prompts, responses)[1:]
+
+    config = PPOConfig(task="custom", model_path=str(tiny_model_dir), output_dir=str(tmp_path / "run"),
+                       nonfinite_rewards="drop", advantage_estimator="grpo", group_size=2, kl_placement="loss",
+                       **{**TINY, "total_steps": 2})
+    trainer = RLTrainer(config, prompts=PROMPTS, reward_fn=first_is_nan)
+    trainer.train()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["dropped_sample_frac"] for r in rows[1:]] == [1 / 4, 1 / 4]
+    assert all(math.isfinite(r["pg_loss"]) for r in rows[1:])
+    assert all(torch.isfinite(p).all() for p in trainer.policy.parameters())
+
+
+def test_nan_loss_stops_before_the_optimizer_step(tmp_path, tiny_model_dir, monkeypatch):
+    """A NaN loss on step 2 stops before the optimizer step; step 1's checkpoint stays the newest."""
+    import ppo.trainer as trainer_module
+
+    original, holder = trainer_module.policy_loss, {}
+
+    def nan_on_step_2(*args, **kwargs):
+        loss, metrics = original(*args, **kwargs)
+        return (loss * math.nan if holder["trainer"].step == 1 else loss), metrics
+
+    monkeypatch.setattr(trainer_module, "policy_loss", nan_on_step_2)
+    config = PPOConfig(model_path=str(tiny_model_dir), output_dir=str(tmp_path / "run"), **TINY)
+    trainer = holder["trainer"] = RLTrainer(config)
+    with pytest.raises(NonFiniteError, match=r"step 2: non-finite loss=nan.*before the optimizer step"):
+        trainer.train()
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*")) == ["step_000001"]
+    assert_checkpoint_is_live_and_finite(tmp_path / "run" / "checkpoints" / "step_000001", trainer)
+
+
+@pytest.mark.parametrize("values, message", [
+    ({"loss": math.nan, "policy_grad_norm": 1.0}, "loss=nan"), ({"loss": 0.1, "policy_grad_norm": math.inf},
+                                                               "policy_grad_norm=inf"),
+    ({"loss": 0.1, "value_grad_norm": -math.inf}, "value_grad_norm=-inf")])
+def test_check_update_names_the_non_finite_value(values, message):
+    with pytest.raises(NonFiniteError, match=rf"step 7: non-finite {message}"):
+        check_update(values, 7)
+    check_update({"loss": 0.1, "policy_grad_norm": 2.0}, 7)
+
+
+def test_check_parameters_catches_overflowed_weights():
+    """A finite but huge learning rate can overflow weights without any NaN gradient."""
+    weights = [torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.tensor([1.0, math.inf]))]
+    with pytest.raises(NonFiniteError, match="step 3: the optimizer step made weights non-finite"):
+        check_parameters(weights, 3)
+    check_parameters(weights[:1], 3)

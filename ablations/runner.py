@@ -42,6 +42,7 @@ import json
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -54,6 +55,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from ppo.config import PPOConfig
+from ppo.run_dir import LOCK_NAME, RunLock
 
 if TYPE_CHECKING:
     from .registry import Ablation
@@ -210,7 +212,7 @@ def prepare_run_dir(spec: RunSpec) -> bool:
     resume = spec.run_dir.is_dir() and _has_resumable_checkpoint(spec)
     if spec.run_dir.is_dir() and not resume:
         for entry in spec.run_dir.iterdir():
-            if entry.name == "stdout.log":
+            if entry.name in ("stdout.log", LOCK_NAME):
                 continue
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)
@@ -231,6 +233,34 @@ def run_command(spec: RunSpec, resume: bool = False) -> list[str]:
 # Processes still running, so an interrupted sweep can stop its own children.
 _live_processes: set[subprocess.Popen] = set()
 _live_lock = threading.Lock()
+# The lock file descriptor of each run directory an attempt holds; its run process
+# inherits it, so the directory stays locked while that process lives, even if the sweep
+# itself is killed with SIGKILL and cannot stop it.
+_run_lock_fds: dict[Path, int] = {}
+# Seconds a run gets to exit after SIGTERM before SIGKILL.
+STOP_GRACE_SECONDS = 5.0
+
+
+def _stop_process_group(process: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> None:
+    """SIGTERM the run's process group (the run and anything it started), then SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """SIGTERM reached the sweep: stop like Ctrl-C (queued runs cancelled, running ones stopped)."""
+
+
+def _raise_interrupted(signum, frame):
+    raise SweepInterrupted(f"signal {signum}")
 
 
 def launch_run(spec: RunSpec, resume: bool = False, timeout: float | None = None) -> RunOutcome:
@@ -257,14 +287,17 @@ def launch_run(spec: RunSpec, resume: bool = False, timeout: float | None = None
     with open(spec.run_dir / "stdout.log", "a", encoding="utf-8") as log:
         log.write(f"\n=== {datetime.now().isoformat(timespec='seconds')} {shlex.join(command)}\n")
         log.flush()
+        # Its own process group, so stopping the sweep stops the run and its children; the
+        # run directory's lock descriptor goes with it (see `_attempt`).
+        lock_fd = _run_lock_fds.get(spec.run_dir)
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.PIPE, text=True, errors="replace",
-                                   env=env)
+                                   env=env, start_new_session=True, pass_fds=() if lock_fd is None else (lock_fd,))
         with _live_lock:
             _live_processes.add(process)
 
         def kill_on_timeout():
             timed_out.set()
-            process.kill()
+            _stop_process_group(process, grace=0.0)
 
         timer = threading.Timer(timeout, kill_on_timeout) if timeout else None
         if timer:
@@ -299,11 +332,24 @@ def launch_run(spec: RunSpec, resume: bool = False, timeout: float | None = None
 
 
 def _attempt(spec: RunSpec, timeout: float | None) -> RunOutcome:
+    # A run directory another live process still writes (a run orphaned by a killed sweep,
+    # a second sweep over the same directory) is left alone: clearing it would pull the
+    # files from under that process.
+    lock = RunLock(spec.run_dir)
     try:
+        if not lock.acquire():
+            return RunOutcome(spec, "failed", None, error=f"{spec.run_dir} is in use by another live process "
+                              f"(lock {lock.path}); left untouched")
         resume = prepare_run_dir(spec)
     except OSError as error:  # e.g. an unwritable sweep dir: a failed run, not a dead sweep
+        lock.release()
         return RunOutcome(spec, "failed", None, error=f"could not prepare run dir: {error}")
-    return launch_run(spec, resume=resume, timeout=timeout)
+    _run_lock_fds[spec.run_dir] = lock.fd
+    try:
+        return launch_run(spec, resume=resume, timeout=timeout)
+    finally:
+        _run_lock_fds.pop(spec.run_dir, None)
+        lock.release()
 
 
 # ---------------------------------------------------------------------------------- reuse
@@ -454,6 +500,8 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
         bar.update(1)
 
     executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="sweep-run")
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupted) if in_main_thread else None
     try:
         running: dict = {}  # future -> (fingerprint, spec)
         for key, spec in leaders:
@@ -480,10 +528,13 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
         # Queued runs must not start, and running children must not outlive the sweep.
         executor.shutdown(wait=False, cancel_futures=True)
         with _live_lock:
-            for process in list(_live_processes):
-                process.kill()
+            live = list(_live_processes)
+        for process in live:
+            _stop_process_group(process)
         raise
     finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous_sigterm)
         executor.shutdown(wait=True)
         bar.close()
     # Report in plan order (variant-major), not completion order.

@@ -7,6 +7,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -190,3 +196,84 @@ def test_check_parameters_catches_overflowed_weights():
     with pytest.raises(NonFiniteError, match="step 3: the optimizer step made weights non-finite"):
         check_parameters(weights, 3)
     check_parameters(weights[:1], 3)
+
+
+# ---------------------------------------------------------------- the sweep runner's children
+RUNNER_DRIVER = '''
+import sys
+from types import SimpleNamespace
+import ablations.runner as runner
+from ppo.config import PPOConfig
+
+def sleeper(spec, resume=False):  # stands in for ppo.cli: records its pid, then sleeps
+    code = ("import os, pathlib, time; pathlib.Path(%r).write_text(str(os.getpid())); time.sleep(120)"
+            % str(spec.run_dir / "child.pid"))
+    return [sys.executable, "-c", code]
+
+runner.run_command = sleeper
+# An ablation without the registry's imports (torch, transformers): the driver starts fast.
+ablation = SimpleNamespace(name="toy", variants=[SimpleNamespace(name="a")],
+                           config=lambda variant, seed, output_dir, steps: PPOConfig(seed=seed, output_dir=output_dir))
+runner.run_sweep([ablation], sys.argv[1], seeds=1, workers=1, progress=False, reuse=False)
+'''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)  # our own child: reap it if it exited
+    except ChildProcessError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(") ")[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def _start_driver(tmp_path):
+    script = tmp_path / "driver.py"
+    script.write_text(RUNNER_DRIVER)
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    driver = subprocess.Popen([sys.executable, str(script), str(tmp_path / "sweep")], env=env, cwd=root)
+    pid_file = tmp_path / "sweep" / "toy" / "a" / "seed1" / "child.pid"
+    deadline = time.time() + 120
+    while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
+        time.sleep(0.1)
+    return driver, int(pid_file.read_text()), pid_file.parent
+
+
+def test_runner_stops_its_runs_on_sigterm(tmp_path):
+    driver, child, _ = _start_driver(tmp_path)
+    driver.send_signal(signal.SIGTERM)
+    assert driver.wait(timeout=60) != 0
+    deadline = time.time() + 10
+    while _alive(child) and time.time() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+def test_runner_killed_with_sigkill_leaves_a_locked_run_untouched(tmp_path):
+    """SIGKILL cannot be caught: the orphaned run keeps the run directory's lock, so a rerun
+    leaves its directory alone until it exits; then the rerun may clear it."""
+    import ablations.runner as runner
+    from ablations.runner import RunSpec
+    from ppo.run_dir import RunLock
+
+    driver, child, run_dir = _start_driver(tmp_path)
+    driver.kill()
+    driver.wait(timeout=30)
+    try:
+        assert _alive(child)
+        spec = RunSpec("toy", "a", 1, run_dir, PPOConfig(output_dir=str(run_dir)))
+        outcome = runner._attempt(spec, timeout=None)
+        assert outcome.status == "failed" and "in use by another live process" in outcome.error
+        assert (run_dir / "child.pid").exists()  # not cleared under the live orphan
+    finally:
+        os.kill(child, signal.SIGKILL)
+    deadline = time.time() + 10
+    while _alive(child) and time.time() < deadline:
+        time.sleep(0.1)
+    lock = RunLock(run_dir)
+    assert lock.acquire()  # the lock died with the last process holding it
+    lock.release()

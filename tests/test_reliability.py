@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from ppo.config import PPOConfig, read_yaml_mapping, resume_conflicts
+from ppo.config import PPOConfig
+from ppo.run_dir import RunDirectoryError
 from ppo.guards import (NonFiniteError, RewardTypeError, check_parameters, check_scores, check_update,
                         drop_nonfinite_scores, reward_values)
 from ppo.trainer import RLTrainer
@@ -277,3 +278,172 @@ def test_runner_killed_with_sigkill_leaves_a_locked_run_untouched(tmp_path):
     lock = RunLock(run_dir)
     assert lock.acquire()  # the lock died with the last process holding it
     lock.release()
+
+
+# ---------------------------------------------------------------- resume: changed configs, damaged directories
+def event_tag_steps(run):
+    """Every (tag, step) of scalar summaries in the run's raw tensorboard event files."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    pairs = []
+    for path in sorted(run.glob("events.out.tfevents.*")):
+        for event in EventFileLoader(str(path)).Load():
+            pairs += [(value.tag, event.step) for value in event.summary.value]
+    return pairs
+
+
+def run_steps(run, name="metrics.jsonl"):
+    return [json.loads(line)["step"] for line in (run / name).read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory, tiny_model_dir):
+    """A 3-step run (checkpoints kept: steps 2 and 3) and its final weights."""
+    run = tmp_path_factory.mktemp("finished") / "run"
+    config = PPOConfig(model_path=str(tiny_model_dir), output_dir=str(run), **TINY)
+    trainer = RLTrainer(config)
+    trainer.train()
+    return run, config, {k: v.clone() for k, v in trainer.policy.state_dict().items()}
+
+
+def copy_run(finished_run, tmp_path):
+    import shutil
+
+    run, config, weights = finished_run
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    return copy, config.replace(output_dir=str(copy)), weights
+
+
+def resume(config, **kwargs):
+    trainer = RLTrainer(config)
+    trainer.train(resume=True, **kwargs)
+    return trainer
+
+
+@pytest.mark.parametrize("change, listed", [
+    (dict(lr=0.5), "lr: 0.001 in the run, 0.5 requested"),
+    (dict(advantage_estimator="rloo", group_size=2), "advantage_estimator: 'gae' in the run, 'rloo' requested"),
+    (dict(seed=3), "seed: 0 in the run, 3 requested"),
+    (dict(kl_coef=0.0), "kl_coef: 0.05 in the run, 0.0 requested"),
+    (dict(response_length=9), "response_length: 8 in the run, 9 requested")])
+def test_resume_refuses_a_changed_config(finished_run, tmp_path, change, listed):
+    run, config, _ = copy_run(finished_run, tmp_path)
+    before = (run / "config.yaml").read_text()
+    with pytest.raises(RunDirectoryError, match=listed) as error:
+        resume(config.replace(total_steps=4, **change))
+    assert "--allow-change " + next(iter(change)) in str(error.value)
+    assert (run / "config.yaml").read_text() == before  # the run's record is untouched
+
+
+def test_resume_refuses_another_model_even_when_allowed(finished_run, tmp_path):
+    run, config, _ = copy_run(finished_run, tmp_path)
+    from ppo.run_dir import resume_changes
+
+    with pytest.raises(RunDirectoryError, match="model_path cannot change on resume"):
+        resume_changes(run, config.replace(model_path=str(tmp_path)), ["model_path"])
+    with pytest.raises(RunDirectoryError, match=r"unknown field\(s\) \['bogus'\]"):
+        resume_changes(run, config, ["bogus"])
+    assert resume_changes(run, config.replace(total_steps=9, eval_every=1, threads=1)) == {}
+
+
+def test_allowed_change_is_used_and_recorded(finished_run, tmp_path):
+    """--resume --lr 0.5 --allow-change lr: the restored optimizer really uses 0.5 (not the
+    saved 1e-3), config.yaml says 0.5 and resume_history.jsonl says from which step."""
+    run, config, _ = copy_run(finished_run, tmp_path)
+    trainer = resume(config.replace(total_steps=5, lr=0.5), allow_changes=["lr"], stop_after=4)
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # The row of step 4 logs the rate after 4 scheduler steps of a 5-step linear decay.
+    assert rows[-1]["step"] == 4 and rows[-1]["lr"] == pytest.approx(0.5 * (1 - 4 / 5))
+    assert trainer.schedulers[0].base_lrs == [0.5]
+    assert PPOConfig.from_yaml(run / "config.yaml").lr == 0.5
+    history = [json.loads(line) for line in (run / "resume_history.jsonl").read_text().splitlines()]
+    assert history == [{"resumed_at_step": 3, "time": history[0]["time"],
+                        "changed": {"lr": {"before": 0.001, "after": 0.5}}}]
+
+
+def truncate(path, keep=0.5):
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+class _Crafted:
+    """A pickle that runs a shell command when unpickled without weights_only."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+@pytest.mark.parametrize("damage", ["truncated_weights", "truncated_trainer_state", "garbage_state_json",
+                                    "empty_weights", "crafted_pickle"])
+def test_damaged_newest_checkpoint_and_logs_resume_from_the_intact_one(finished_run, tmp_path, damage):
+    """The newest checkpoint (step 3) is damaged, metrics.jsonl ends in a partial line,
+    samples.jsonl holds bytes that are not UTF-8 and an interrupted save left a .tmp folder:
+    the resume warns, loads step 2, redoes step 3 to the same weights, and leaves no
+    duplicate log line or (tag, step) event."""
+    run, config, weights = copy_run(finished_run, tmp_path)
+    newest = run / "checkpoints" / "step_000003"
+    marker = tmp_path / "pwned"
+    if damage == "truncated_weights":
+        truncate(newest / "policy" / "model.safetensors")
+    elif damage == "empty_weights":
+        (newest / "policy" / "model.safetensors").write_bytes(b"")
+    elif damage == "truncated_trainer_state":
+        truncate(newest / "trainer_state.pt")
+    elif damage == "garbage_state_json":
+        (newest / "state.json").write_text('{"step": 3, "kl_contr')
+    else:
+        torch.save({"policy_optimizer": _Crafted(marker)}, newest / "trainer_state.pt")
+    with open(run / "metrics.jsonl", "a") as handle:
+        handle.write('{"step": 4, "score": 0.')
+    with open(run / "samples.jsonl", "ab") as handle:
+        handle.write(b'{"step": 2, "response": "\xff\xfe"}\n')
+    (run / "checkpoints" / ".tmp_step_000004_999").mkdir()
+    with pytest.warns(UserWarning, match="step_000003: damaged checkpoint skipped"):
+        trainer = resume(config)
+    assert not marker.exists()  # the crafted pickle was refused, not run
+    assert run_steps(run) == [0, 1, 2, 3]
+    assert run_steps(run, "samples.jsonl") == [1, 1, 2, 2, 3, 3]
+    assert not list((run / "checkpoints").glob(".tmp_*"))
+    pairs = event_tag_steps(run)
+    assert len(pairs) == len(set(pairs)) and ("score", 3) in pairs
+    assert all(torch.equal(weights[k], v) for k, v in trainer.policy.state_dict().items())
+
+
+def test_every_checkpoint_damaged_is_an_error_not_a_silent_restart(finished_run, tmp_path):
+    run, config, _ = copy_run(finished_run, tmp_path)
+    for checkpoint in (run / "checkpoints").glob("step_*"):
+        truncate(checkpoint / "trainer_state.pt")
+    with pytest.warns(UserWarning), pytest.raises(RunDirectoryError, match="no intact checkpoint.*--restart"):
+        resume(config)
+
+
+def test_broken_config_yaml_on_resume_names_the_file(finished_run, tmp_path):
+    run, config, _ = copy_run(finished_run, tmp_path)
+    (run / "config.yaml").write_text("lr: [0.1\n")
+    with pytest.raises(RunDirectoryError, match=r"config\.yaml: cannot be read .*not valid YAML.*--restart"):
+        resume(config)
+
+
+def test_run_killed_before_its_first_checkpoint_resumes_from_step_0(finished_run, tmp_path):
+    """save_every=0 and a kill before the end: logs, events and config.yaml but no
+    checkpoint. --resume starts again from step 0 (same final weights); a plain start is
+    refused with a message naming --resume and --restart; --restart starts over."""
+    import shutil
+
+    run, config, weights = copy_run(finished_run, tmp_path)
+    shutil.rmtree(run / "checkpoints")
+    with pytest.raises(FileExistsError, match="--restart"):
+        RLTrainer(config).train()
+    with pytest.warns(UserWarning, match="no checkpoint yet; the run starts again from step 0"):
+        trainer = resume(config)
+    assert run_steps(run) == [0, 1, 2, 3]
+    pairs = event_tag_steps(run)
+    assert len(pairs) == len(set(pairs))
+    assert all(torch.equal(weights[k], v) for k, v in trainer.policy.state_dict().items())
+    (run / "resume_history.jsonl").unlink()
+    RLTrainer(config.replace(total_steps=1)).train(restart=True)
+    assert run_steps(run) == [0, 1] and not (run / "resume_history.jsonl").exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import os
 import signal
 import subprocess
@@ -447,3 +448,46 @@ def test_run_killed_before_its_first_checkpoint_resumes_from_step_0(finished_run
     (run / "resume_history.jsonl").unlink()
     RLTrainer(config.replace(total_steps=1)).train(restart=True)
     assert run_steps(run) == [0, 1] and not (run / "resume_history.jsonl").exists()
+
+
+# ---------------------------------------------------------------- smaller: files, the CLI
+def test_non_utf8_jsonl_names_file_and_line(tmp_path):
+    from ppo.tasks import TaskDataError, load_gsm8k_jsonl
+    from ppo.tasks.preferences import load_preferences
+
+    path = tmp_path / "data.jsonl"
+    path.write_bytes(b'{"question": "q", "answer": "#### 1"}\n{"question": "\xff", "answer": "#### 2"}\n')
+    with pytest.raises(TaskDataError, match=rf"{path}:2: not UTF-8"):
+        load_gsm8k_jsonl(path)
+    path.write_bytes(b'\n\xff\n')
+    with pytest.raises(ValueError, match=rf"{path}:2: not UTF-8"):
+        load_preferences(path)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--seed", str(2**70)], r"PPOConfig\.seed: must be in"),
+    (["--lr", ".nan"], r"PPOConfig\.lr: must be a finite number"),
+    (["--temperature", ".inf"], r"PPOConfig\.temperature: must be a finite number"),
+    (["--resume", "--restart"], "pass one"),
+    (["--allow-change", "lr"], "only applies with --resume"),
+    (["--config", "/nonexistent/config.yaml"], "no such config file"),
+])
+def test_cli_usage_errors_are_one_line(tmp_path, capsys, argv, message):
+    from ppo.cli import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--output-dir", str(tmp_path / "run")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and re.search(message, err) and "Traceback" not in err
+
+
+def test_cli_errors_inside_the_trainer_print_no_traceback(tmp_path, capsys, finished_run):
+    from ppo.cli import main
+
+    assert main(["--model-path", str(tmp_path / "missing"), "--output-dir", str(tmp_path / "run")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("ppo-train: error: ") and "model directory does not exist" in err and "Traceback" not in err
+    run, config, _ = copy_run(finished_run, tmp_path)
+    assert main(["--resume", "--output-dir", str(run), "--lr", "0.5"]) == 1
+    err = capsys.readouterr().err
+    assert "lr: 0.001 in the run, 0.5 requested" in err and "Traceback" not in err

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from ppo.config import PPOConfig
-from ppo.run_dir import LOCK_NAME, RunLock
+from ppo.run_dir import RunLock
 
 if TYPE_CHECKING:
     from .registry import Ablation
@@ -212,7 +212,7 @@ def prepare_run_dir(spec: RunSpec) -> bool:
     resume = spec.run_dir.is_dir() and _has_resumable_checkpoint(spec)
     if spec.run_dir.is_dir() and not resume:
         for entry in spec.run_dir.iterdir():
-            if entry.name in ("stdout.log", LOCK_NAME):
+            if entry.name == "stdout.log":
                 continue
             if entry.is_dir() and not entry.is_symlink():
                 shutil.rmtree(entry)

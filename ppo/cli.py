@@ -106,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         trainer = RLTrainer(config)
         summary = trainer.train(resume=args.resume, restart=args.restart, allow_changes=args.allow_change)
     # The run's own errors are messages for the user, not bugs: one line, no traceback.
-    except (ValueError, FileNotFoundError, FileExistsError, NonFiniteError, RewardTypeError, RunDirectoryError) as error:
+    except (ValueError, FileNotFoundError, FileExistsError, NonFiniteError, RewardTypeError,
+            RunDirectoryError) as error:
         if os.environ.get("PPO_TRACEBACK"):
             raise
         print(f"ppo-train: error: {error}", file=sys.stderr)

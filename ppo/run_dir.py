@@ -15,7 +15,7 @@ resume it with other settings. What this module guarantees, one function per cas
   hold no duplicate (tag, step) once the steps after it are redone.
 - `remove_stale_tmp`: ``.tmp_step_*`` folders of interrupted saves are removed.
 - `clear_outputs`: ``--restart`` removes what an earlier attempt wrote.
-- `RunLock`: a lock file held while a process writes the directory (the sweep runner
+- `RunLock`: a lock file beside the run directory, held while a process writes it (the sweep runner
   holds it for each run it launches, and hands it to the run's process).
 
 Only the main process calls the functions that write; every rank may read.
@@ -36,7 +36,6 @@ from .config import RESUMABLE_FIELDS, PPOConfig, read_yaml_mapping, resume_confl
 # What a run writes into its directory (--restart removes these and nothing else).
 RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "samples.jsonl", "summary.json", "initial_eval.json",
                "resume_history.jsonl", "checkpoints")
-LOCK_NAME = ".lock"
 
 
 class RunDirectoryError(RuntimeError):
@@ -68,7 +67,8 @@ def resume_changes(output_dir: Path, config: PPOConfig, allowed: list[str] | tup
         raise RunDirectoryError(
             f"{path}: the resumed config differs from the run's ({listed}). Resume with the run's own settings, "
             f"or accept the change explicitly with " + " ".join(f"--allow-change {name}" for name in refused)
-            + f" (it is recorded in resume_history.jsonl). Fields that may always change: {', '.join(RESUMABLE_FIELDS)}")
+            + " (it is recorded in resume_history.jsonl). Fields that may always change: "
+            + ", ".join(RESUMABLE_FIELDS))
     return conflicts
 
 
@@ -195,13 +195,14 @@ def clear_outputs(output_dir: Path) -> None:
 
 
 class RunLock:
-    """An exclusive lock on ``RUN_DIR/.lock`` (``flock``: released when every holder exits,
+    """An exclusive lock on ``.NAME.lock`` beside the run directory ``NAME`` (outside it, so
+    clearing the directory never touches the lock; ``flock``: released when every holder exits,
     kill -9 included). `fd` can be passed to a child process, which then holds it too, so the
     directory stays locked while the child writes even if the parent is killed.
     """
 
     def __init__(self, run_dir: Path):
-        self.path = Path(run_dir) / LOCK_NAME
+        self.path = Path(run_dir).parent / f".{Path(run_dir).name}.lock"
         self.fd: int | None = None
 
     def acquire(self) -> bool:

@@ -302,7 +302,8 @@ class RLTrainer:
                 ("entropy_rollout", -old_logprobs, response_mask), ("response_length", lengths, None),
                 ("response_length_correct", lengths, correct), ("response_length_incorrect", lengths, ~correct),
                 ("eos_rate", rollout.has_eos.float(), None), ("advantage_mean", advantages, response_mask),
-                ("advantage_abs_mean", advantages.abs(), response_mask), ("dropped_sample_frac", (~finite).float(), None)):
+                ("advantage_abs_mean", advantages.abs(), response_mask),
+                ("dropped_sample_frac", (~finite).float(), None)):
             # With beta = 0 there is no reference model, so the KL is not measured (NaN), not 0.
             means.add(name, values_, None if mask is None else torch.as_tensor(mask, device=values_.device))
         if self.reward_model is not None:
@@ -598,7 +599,8 @@ class RLTrainer:
                 warnings.warn(f"{self.output_dir}: no checkpoint yet; the run starts again from step 0")
         elif (self.output_dir / "metrics.jsonl").exists():
             raise FileExistsError(f"{self.output_dir}: a run already exists here; pass resume=True (--resume) to "
-                                  "continue it, restart=True (--restart) to start it over, or choose another output_dir")
+                                  "continue it, restart=True (--restart) to start it over, or choose another "
+                                  "output_dir")
         distributed.barrier()  # every rank has checked before the main process creates the run
         if main:
             run_dir.open_run(self.output_dir, cfg, resume, self.step if loaded else -1, changes)
@@ -752,7 +754,8 @@ class RLTrainer:
         if self.value_model is not None:
             saved["value"] = ScalarHeadModel.from_pretrained(path / "value").state_dict()
         rank_file = path / f"rng_rank{distributed.rank()}.pt"
-        if not distributed.is_main_process() and rank_file.exists() and info.get("world_size", 1) == distributed.world_size():
+        same_world = info.get("world_size", 1) == distributed.world_size()
+        if not distributed.is_main_process() and rank_file.exists() and same_world:
             saved["rank_rng"] = torch.load(rank_file, weights_only=True)
         return saved
 

@@ -478,8 +478,11 @@ class RLTrainer:
             return warmup
         return warmup * max(0.0, 1.0 - step / cfg.total_steps)
 
-    def _optimizer_step(self, loss: float) -> dict[str, float]:
+    def _optimizer_step(self, loss: float | None = None) -> dict[str, float]:
         """Clip gradients, step the optimizer(s); return the gradient norms before clipping.
+
+        A non-finite `loss` (the minibatch's weighted loss) or gradient norm stops the run
+        before the step, and a non-finite weight after it (ppo/guards.py).
 
         ``policy_grad_norm`` / ``value_grad_norm`` are each model's L2 gradient norm before
         clipping; ``policy_grad_scale`` is the factor clipping multiplied the policy's
@@ -507,8 +510,8 @@ class RLTrainer:
                 metrics["value_grad_norm"] = float(self.accelerator.clip_grad_norm_(value_params, max_norm))
         metrics["policy_grad_scale"] = scale
         # Before the step: a NaN loss or gradient would make every weight NaN.
-        guards.check_update({"loss": loss, **{k: v for k, v in metrics.items() if k.endswith("grad_norm")}},
-                            self.step + 1)
+        checked = {k: v for k, v in metrics.items() if k.endswith("grad_norm")}
+        guards.check_update(checked if loss is None else {"loss": loss, **checked}, self.step + 1)
         for optimizer in (self.policy_optimizer, self.value_optimizer):
             if optimizer is not None:
                 optimizer.step()

@@ -228,8 +228,9 @@ class LocalBackend(Backend):
         if abort:
             self._executor.shutdown(wait=False, cancel_futures=True)
             with runner._live_lock:
-                for process in list(runner._live_processes):
-                    process.kill()
+                live = list(runner._live_processes)
+            for process in live:  # the run and anything it started (its own process group)
+                runner._stop_process_group(process)
         self._executor.shutdown(wait=True)
         self._executor = None
 

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from ppo.config import PPOConfig
+from ppo.run_dir import RunLock
 
 if TYPE_CHECKING:
     from .backends import Backend
@@ -279,6 +280,34 @@ def _die_with_parent() -> None:
 # Processes still running, so an interrupted sweep can stop its own children.
 _live_processes: set[subprocess.Popen] = set()
 _live_lock = threading.Lock()
+# The lock file descriptor of each run directory an attempt holds; its run process
+# inherits it, so the directory stays locked while that process lives, even if the sweep
+# itself is killed with SIGKILL and cannot stop it.
+_run_lock_fds: dict[Path, int] = {}
+# Seconds a run gets to exit after SIGTERM before SIGKILL.
+STOP_GRACE_SECONDS = 5.0
+
+
+def _stop_process_group(process: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> None:
+    """SIGTERM the run's process group (the run and anything it started), then SIGKILL."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            process.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+class SweepInterrupted(KeyboardInterrupt):
+    """SIGTERM reached the sweep: stop like Ctrl-C (queued runs cancelled, running ones stopped)."""
+
+
+def _raise_interrupted(signum, frame):
+    raise SweepInterrupted(f"signal {signum}")
 
 
 def launch_run(spec: RunSpec, resume: bool = False, timeout: float | None = None) -> RunOutcome:
@@ -305,14 +334,18 @@ def launch_run(spec: RunSpec, resume: bool = False, timeout: float | None = None
     with open(spec.run_dir / "stdout.log", "a", encoding="utf-8") as log:
         log.write(f"\n=== {datetime.now().isoformat(timespec='seconds')} {shlex.join(command)}\n")
         log.flush()
+        # Its own process group, so stopping the sweep stops the run and its children; the
+        # run directory's lock descriptor goes with it (see `_attempt`).
+        lock_fd = _run_lock_fds.get(spec.run_dir)
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.PIPE, text=True, errors="replace",
-                                   env=env, preexec_fn=_die_with_parent)
+                                   env=env, start_new_session=True, preexec_fn=_die_with_parent,
+                                   pass_fds=() if lock_fd is None else (lock_fd,))
         with _live_lock:
             _live_processes.add(process)
 
         def kill_on_timeout():
             timed_out.set()
-            process.kill()
+            _stop_process_group(process, grace=0.0)
 
         timer = threading.Timer(timeout, kill_on_timeout) if timeout else None
         if timer:
@@ -350,13 +383,25 @@ def attempt_run(spec: RunSpec, timeout: float | None) -> RunOutcome:
     """One attempt at `spec`: resume it or clear its directory (`prepare_run_dir`), then train.
 
     This is all a backend runs, wherever it runs it, so the resume-or-restart rule is the
-    same on every backend.
+    same on every backend. A run directory another live process still writes (a run
+    orphaned by a killed sweep, a second sweep over the same directory) is left alone:
+    clearing it would pull the files from under that process.
     """
+    lock = RunLock(spec.run_dir)
     try:
+        if not lock.acquire():
+            return RunOutcome(spec, "failed", None, error=f"{spec.run_dir} is in use by another live process "
+                              f"(lock {lock.path}); left untouched")
         resume = prepare_run_dir(spec)
     except OSError as error:  # e.g. an unwritable sweep dir: a failed run, not a dead sweep
+        lock.release()
         return RunOutcome(spec, "failed", None, error=f"could not prepare run dir: {error}")
-    return launch_run(spec, resume=resume, timeout=timeout)
+    _run_lock_fds[spec.run_dir] = lock.fd
+    try:
+        return launch_run(spec, resume=resume, timeout=timeout)
+    finally:
+        _run_lock_fds.pop(spec.run_dir, None)
+        lock.release()
 
 
 # ---------------------------------------------------------------------------------- reuse
@@ -536,6 +581,8 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
             to_train.append((key, spec))
 
     opened = False
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous_sigterm = signal.signal(signal.SIGTERM, _raise_interrupted) if in_main_thread else None
     try:
         while to_train or running:
             if to_train and not opened:  # connect (start a Ray cluster ...) only if there is work
@@ -573,6 +620,9 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
         if opened:
             backend.close(abort=True)
         raise
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous_sigterm)
     if opened:
         backend.close(abort=False)
     bar.close()

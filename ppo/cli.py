@@ -10,19 +10,26 @@ Examples::
     ppo-train --preset alpacafarm --testbed --seed 1 --output-dir runs/af_s1
     ppo-train --preset grpo --testbed --kl-coef 0 --output-dir runs/grpo_beta0
     ppo-train --output-dir runs/af_s1 --resume
+    ppo-train --output-dir runs/af_s1 --resume --total-steps 200 --lr 5e-6 --allow-change lr
+
+A resume refuses a config that differs from the run's config.yaml in anything but the fields
+of `ppo.config.RESUMABLE_FIELDS` unless each changed field is named with ``--allow-change``;
+allowed changes are recorded in the run's ``resume_history.jsonl``. Errors of the run
+(bad config, damaged run directory, non-finite rewards) print one message, no traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from dataclasses import fields
 from pathlib import Path
 
 import yaml
 
-from .config import PRESETS, PPOConfig, field_help, parse_override, preset
+from .config import PRESETS, PPOConfig, field_help, parse_override, preset, read_yaml_mapping
 
 
 def _yaml_value(text: str):
@@ -37,7 +44,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--testbed", action="store_true", help="scale the preset's batch sizes and steps for the CPU testbed")
     parser.add_argument("--config", help="YAML file of field: value overrides")
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override any field")
-    parser.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its latest checkpoint")
+    parser.add_argument("--resume", action="store_true", help="continue the run in --output-dir from its latest "
+                        "intact checkpoint (from step 0 when it has none)")
+    parser.add_argument("--restart", action="store_true", help="delete the outputs of the run in --output-dir and "
+                        "start it again from step 0")
+    parser.add_argument("--allow-change", action="append", default=[], metavar="FIELD",
+                        help="with --resume: accept (and record) a changed value of FIELD; repeatable")
     group = parser.add_argument_group("PPOConfig fields (unset flags keep the preset's value)")
     defaults = PPOConfig()
     for f in fields(PPOConfig):
@@ -50,10 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(args: argparse.Namespace) -> PPOConfig:
     overrides = {}
     if args.config:
-        data = yaml.safe_load(Path(args.config).read_text()) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{args.config}: a config file must hold a mapping of field: value")
-        overrides.update(data)
+        overrides.update(read_yaml_mapping(args.config))
     for f in fields(PPOConfig):
         value = getattr(args, f.name)
         if value is not None:
@@ -67,7 +76,10 @@ def config_from_args(args: argparse.Namespace) -> PPOConfig:
         saved = Path(output_dir) / "config.yaml"
         if not saved.exists():
             raise FileNotFoundError(f"{saved}: nothing to resume")
-        return PPOConfig.from_dict({**yaml.safe_load(saved.read_text()), **overrides})
+        try:
+            return PPOConfig.from_dict({**read_yaml_mapping(saved), **overrides})
+        except ValueError as error:
+            raise ValueError(f"{saved}: {error}") from None
     if args.preset:
         return preset(args.preset, testbed=args.testbed, **overrides)
     if args.testbed:
@@ -78,14 +90,28 @@ def config_from_args(args: argparse.Namespace) -> PPOConfig:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.resume and args.restart:
+        parser.error("--resume continues a run, --restart deletes it: pass one")
+    if args.allow_change and not args.resume:
+        parser.error("--allow-change only applies with --resume")
     try:
         config = config_from_args(args)
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
+    from .guards import NonFiniteError, RewardTypeError
+    from .run_dir import RunDirectoryError
     from .trainer import RLTrainer
 
-    trainer = RLTrainer(config)
-    summary = trainer.train(resume=args.resume)
+    try:
+        trainer = RLTrainer(config)
+        summary = trainer.train(resume=args.resume, restart=args.restart, allow_changes=args.allow_change)
+    # The run's own errors are messages for the user, not bugs: one line, no traceback.
+    except (ValueError, FileNotFoundError, FileExistsError, NonFiniteError, RewardTypeError,
+            RunDirectoryError) as error:
+        if os.environ.get("PPO_TRACEBACK"):
+            raise
+        print(f"ppo-train: error: {error}", file=sys.stderr)
+        return 1
     from .distributed import is_main_process
 
     if not is_main_process():  # one report per run, not one per process

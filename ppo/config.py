@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,13 @@ import yaml
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "abs")
 ADVANTAGE_ESTIMATOR_NAMES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce")
 GSM8K_ANSWER_MODES = ("strict", "flexible")  # implemented in ppo/tasks/gsm8k.py `extract_answer`
+# Seeds are 64-bit in torch; per-rank seeds are hashed into [0, 2**63) (ppo/distributed.py).
+MAX_SEED = 2**63 - 1
+# The fields a resumed run may change: they decide how long and how visibly the run goes
+# on, never what one step computes. Any other difference between a run's config.yaml and
+# the resuming config is refused unless explicitly allowed (`resume_conflicts`).
+RESUMABLE_FIELDS = ("total_steps", "output_dir", "device", "threads", "progress", "eval_every", "save_every",
+                    "keep_checkpoints", "log_samples")
 LOSS_AGG_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
 
 
@@ -80,6 +88,7 @@ class PPOConfig:
     reward_clip: float | None = _f(None, "Clamp sequence scores to [-reward_clip, reward_clip]; None = off (AlpacaFarm and TRL: off).")
     whiten_rewards: bool = _f(False, "Whiten per-token rewards (shift_mean=False: scale only, mean kept) before GAE. AlpacaFarm: on; TRL: off.")
     whiten_rewards_over_padding: bool = _f(False, "Compute reward-whitening statistics over the whole [B, T] tensor, padding zeros included, as AlpacaFarm does; False = masked statistics.")
+    nonfinite_rewards: str = _f("stop", "A NaN or infinite sequence score: 'stop' the run before the update (the newest checkpoint stays the last good one) or 'drop' those samples from the loss (their score becomes their group's finite mean) and count them in the metric dropped_samples.")
     length_reward_coef: float = _f(0.0, "Weight of Kimi k1.5's in-group length reward added to the score (needs group_size >= 2); 0 = off.")
 
     # ------------------------------------------------------------------ KL to the reference
@@ -178,6 +187,10 @@ class PPOConfig:
             expected = {"float": float, "int": int, "bool": bool, "str": str}.get(base)
             if expected and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
                 raise ValueError(f"PPOConfig.{f.name}: expected {base}, got {value!r}")
+            # One rule for every float field: NaN slips through every `< 0` / `> 0` check
+            # (comparisons with NaN are False) and inf overflows the update; neither is a setting.
+            if expected is float and not math.isfinite(value):
+                raise ValueError(f"PPOConfig.{f.name}: must be a finite number, got {value!r}")
 
     # -- validation ----------------------------------------------------------------------
     def validate(self) -> None:
@@ -214,6 +227,8 @@ class PPOConfig:
             bad("top_p", "must be in (0, 1]")
         if self.top_k < 0:
             bad("top_k", "must be >= 0 (0 = off)")
+        if not 0 <= self.seed <= MAX_SEED:
+            bad("seed", f"must be in [0, {MAX_SEED}] (torch's generators take a 64-bit seed)")
         for name in ("warmup_steps", "eval_every", "save_every", "log_samples", "keep_checkpoints"):
             if getattr(self, name) < 0:
                 bad(name, "must be >= 0")
@@ -229,6 +244,7 @@ class PPOConfig:
         choice("grpo_scale", ("group", "batch", "none"))
         choice("loss_agg", LOSS_AGG_NAMES)
         choice("missing_eos", ("none", "penalty", "replace"))
+        choice("nonfinite_rewards", ("stop", "drop"))
         choice("value_init", ("reward_model", "policy", "random"))
         choice("lr_schedule", ("linear", "constant"))
         choice("device", ("auto", "cpu", "cuda"))
@@ -343,13 +359,39 @@ class PPOConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> "PPOConfig":
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: a config file must hold a mapping of field: value")
-        return cls.from_dict(data)
+        data = read_yaml_mapping(path)
+        try:
+            return cls.from_dict(data)
+        except ValueError as error:
+            raise ValueError(f"{path}: {error}") from None
 
     def replace(self, **overrides) -> "PPOConfig":
         return PPOConfig.from_dict({**self.to_dict(), **overrides})
+
+
+def read_yaml_mapping(path: str | Path) -> dict:
+    """A YAML file of ``field: value`` lines; every way it can be unreadable names the file."""
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_bytes().decode("utf-8")) or {}
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no such config file") from None
+    except UnicodeDecodeError as error:
+        raise ValueError(f"{path}: not UTF-8 text (byte {error.start})") from None
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f" line {mark.line + 1}" if mark is not None else ""
+        raise ValueError(f"{path}:{where} not valid YAML ({getattr(error, 'problem', None) or error})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a config file must hold a mapping of field: value")
+    return data
+
+
+def resume_conflicts(stored: PPOConfig, requested: PPOConfig) -> dict[str, tuple[Any, Any]]:
+    """Fields outside `RESUMABLE_FIELDS` whose value differs: ``{name: (stored, requested)}``."""
+    old, new = stored.to_dict(), requested.to_dict()
+    return {name: (old[name], new[name]) for name in old
+            if name not in RESUMABLE_FIELDS and old[name] != new[name]}
 
 
 def field_help() -> dict[str, str]:

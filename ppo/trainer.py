@@ -26,6 +26,7 @@ import os
 import random
 import shutil
 import time
+import warnings
 from collections import defaultdict
 from pathlib import Path
 from typing import Callable
@@ -38,7 +39,7 @@ from value_model import ScalarHeadModel
 from value_model.model import load_value_weights
 from value_model.reward_model import last_token_scores
 
-from . import distributed
+from . import distributed, guards, run_dir
 from .buffer import ExperienceBuffer
 from .config import PPOConfig, describe
 from .evaluation import accelerator_rng_devices, evaluate, preserve_rng_state, score_batch
@@ -234,6 +235,11 @@ class RLTrainer:
             else:
                 raw_scores = task_scores
             correct = torch.tensor([s.correct for s in score_objects], device=self.device)  # [B]
+            # A NaN / inf score stops the run here, before any update or save (ppo/guards.py),
+            # unless nonfinite_rewards='drop' keeps those samples out of the loss below.
+            finite = guards.check_scores(raw_scores, [p.prompt for p in problems], texts, self._score_source(),
+                                         drop=cfg.nonfinite_rewards == "drop")  # [B]
+            raw_scores = guards.drop_nonfinite_scores(raw_scores, finite, cfg.group_size)  # [B]
 
         # ---- 3. old log-probs, reference log-probs, values (no autograd) ---------------
         temperature = cfg.temperature if cfg.scale_logits_by_temperature else 1.0
@@ -285,6 +291,7 @@ class RLTrainer:
                 advantages = whiten(advantages, response_mask, reduce_sum=distributed.global_sum)
         # Responses cut off at response_length can be left out of the loss (DAPO).
         loss_mask = response_mask * rollout.has_eos.float()[:, None] if cfg.mask_truncated_responses else response_mask
+        loss_mask = loss_mask * finite.float()[:, None]  # dropped non-finite scores (nonfinite_rewards='drop')
         kept = None
         if cfg.group_size > 1:
             # Difficulty filtering: groups every sample solved (or none did) carry no signal.
@@ -324,7 +331,8 @@ class RLTrainer:
                 ("entropy_rollout", -old_logprobs, response_mask), ("response_length", lengths, None),
                 ("response_length_correct", lengths, correct), ("response_length_incorrect", lengths, ~correct),
                 ("eos_rate", rollout.has_eos.float(), None), ("advantage_mean", advantages, response_mask),
-                ("advantage_abs_mean", advantages.abs(), response_mask)):
+                ("advantage_abs_mean", advantages.abs(), response_mask),
+                ("dropped_sample_frac", (~finite).float(), None)):
             # With beta = 0 there is no reference model, so the KL is not measured (NaN), not 0.
             means.add(name, values_, None if mask is None else torch.as_tensor(mask, device=values_.device))
         if rollout.prompt_truncated is not None:
@@ -381,6 +389,7 @@ class RLTrainer:
             # token_mean (counted over all ranks), of sequences otherwise.
             minibatch_tokens = float(distributed.global_sum(sum(m["loss_mask"].sum() for m in micro_batches)))
             minibatch_approx_kl = 0.0
+            minibatch_loss = 0.0  # checked for NaN / inf before the optimizer step
             for micro in micro_batches:
                 args = (micro["query_ids"], micro["query_mask"], micro["response_ids"], micro["response_mask"])
                 logprobs, entropy = response_logprobs(self.policy, *args, temperature=temperature, with_entropy=True)
@@ -415,13 +424,14 @@ class RLTrainer:
                     weight = 1.0 / (cfg.gradient_accumulation_steps * world)
                 # DDP averages gradients over the ranks: scale by `world` to sum them instead.
                 self.accelerator.backward(loss * (weight * world))
+                minibatch_loss += weight * float(loss.detach())
                 minibatch_approx_kl += weight * float(metrics.get("approx_kl", 0.0))
                 for key, value in metrics.items():
                     if key.endswith("_max"):  # a maximum over the whole update, not a mean
                         maxima[key] = max(maxima.get(key, -math.inf), float(value))
                     else:
                         means.add_weighted(key, weight * float(value), weight)
-            for key, value in self._optimizer_step().items():
+            for key, value in self._optimizer_step(minibatch_loss).items():
                 step_sums[key] += value
             optimizer_steps += 1
             if cfg.target_kl is not None:  # cleanrl-style early stop of the remaining epochs
@@ -515,8 +525,11 @@ class RLTrainer:
             return warmup
         return warmup * max(0.0, 1.0 - step / cfg.total_steps)
 
-    def _optimizer_step(self) -> dict[str, float]:
+    def _optimizer_step(self, loss: float | None = None) -> dict[str, float]:
         """Clip gradients, step the optimizer(s); return the gradient norms before clipping.
+
+        A non-finite `loss` (the minibatch's weighted loss) or gradient norm stops the run
+        before the step, and a non-finite weight after it (ppo/guards.py).
 
         ``policy_grad_norm`` / ``value_grad_norm`` are each model's L2 gradient norm before
         clipping; ``policy_grad_scale`` is the factor clipping multiplied the policy's
@@ -546,7 +559,11 @@ class RLTrainer:
             if value_params:
                 metrics["value_grad_norm"] = norms[1]
         metrics["policy_grad_scale"] = scale
+        # Before the step: a NaN loss or gradient would make every weight NaN.
+        checked = {k: v for k, v in metrics.items() if k.endswith("grad_norm")}
+        guards.check_update(checked if loss is None else {"loss": loss, **checked}, self.step + 1)
         step_optimizers(self.accelerator, optimizers)
+        guards.check_parameters(policy_params + value_params, self.step + 1)
         return metrics
 
     def _whiten_minibatch_advantages(self, micro_batches: list[dict]) -> list[dict]:
@@ -563,6 +580,15 @@ class RLTrainer:
     @staticmethod
     def _rollout_args(rollout: Rollout):
         return rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.response_mask
+
+    def _score_source(self) -> str:
+        """What produced the sequence scores, for error messages."""
+        if self.reward_model is not None:
+            return f"the reward model {self.config.reward_model_path}"
+        reward_fn = getattr(self.task, "reward_fn", None)
+        if reward_fn is not None:
+            return f"reward_fn {getattr(reward_fn, '__qualname__', type(reward_fn).__name__)}"
+        return f"task {getattr(self.task, 'name', type(self.task).__name__)}"
 
     def _reward_model_scores(self, rollout: Rollout) -> torch.Tensor:
         """Reward-model score read at the last response token, ``[B]`` (as in RM training)."""
@@ -594,8 +620,12 @@ class RLTrainer:
             metrics.update(means.result())
         return metrics
 
-    def train(self, resume: bool = False, stop_after: int | None = None) -> dict:
-        """Run to `config.total_steps` (continuing from the latest checkpoint if `resume`).
+    def train(self, resume: bool = False, stop_after: int | None = None, restart: bool = False,
+              allow_changes: list[str] | tuple[str, ...] = ()) -> dict:
+        """Run to `config.total_steps` (continuing from the latest intact checkpoint if `resume`).
+
+        `restart` deletes an earlier attempt's outputs first; `allow_changes` names config
+        fields a resume may change beyond `ppo.config.RESUMABLE_FIELDS` (see ppo/run_dir.py).
 
         `stop_after` ends this session early after that step, with a checkpoint, so a long
         run can be split across time-limited jobs and continued with ``resume=True``.
@@ -604,22 +634,28 @@ class RLTrainer:
 
         cfg = self.config
         start_time = time.perf_counter()
-        if resume:
-            if not self.load_checkpoint():
-                raise FileNotFoundError(f"{self.output_dir / 'checkpoints'}: no checkpoint to resume from")
-        else:
-            if (self.output_dir / "metrics.jsonl").exists():
-                raise FileExistsError(f"{self.output_dir}: a run already exists here; pass resume=True (--resume) "
-                                      "or choose another output_dir")
-            distributed.barrier()  # every rank has checked before the main process creates the run
         # One writer: only the main process writes the run directory's files.
         main = distributed.is_main_process()
+        if restart and main:
+            run_dir.clear_outputs(self.output_dir)
+        distributed.barrier()
+        changes, loaded = {}, False
+        if resume:
+            # Refuses a changed config (unless allowed); a run killed before its first
+            # checkpoint starts again from step 0.
+            changes = run_dir.resume_changes(self.output_dir, cfg, allow_changes)
+            loaded = self.load_checkpoint()
+            if not loaded:
+                warnings.warn(f"{self.output_dir}: no checkpoint yet; the run starts again from step 0")
+        elif (self.output_dir / "metrics.jsonl").exists():
+            raise FileExistsError(f"{self.output_dir}: a run already exists here; pass resume=True (--resume) to "
+                                  "continue it, restart=True (--restart) to start it over, or choose another "
+                                  "output_dir")
+        distributed.barrier()  # every rank has checked before the main process creates the run
         if main:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
-            cfg.to_yaml(self.output_dir / "config.yaml")
-            self._truncate_logs(self.step)
-            self.writer = SummaryWriter(str(self.output_dir), purge_step=self.step + 1 if resume else None)
-            if not resume:
+            run_dir.open_run(self.output_dir, cfg, resume, self.step if loaded else -1, changes)
+            self.writer = SummaryWriter(str(self.output_dir))
+            if self.step == 0:
                 self.writer.add_text("config", describe(cfg), 0)
         initial_eval = None
         if self.step == 0:
@@ -682,14 +718,6 @@ class RLTrainer:
             for sample in self._last_samples:
                 handle.write(json.dumps(sample) + "\n")
 
-    def _truncate_logs(self, step: int) -> None:
-        """On resume, drop log lines written after the checkpoint (they will be redone)."""
-        for name in ("metrics.jsonl", "samples.jsonl"):
-            path = self.output_dir / name
-            if path.exists():
-                kept = [line for line in path.read_text().splitlines() if json.loads(line)["step"] <= step]
-                path.write_text("".join(line + "\n" for line in kept))
-
     # -- checkpoints ---------------------------------------------------------------------
     def save_checkpoint(self) -> Path:
         """Write ``checkpoints/step_N`` atomically (temp dir + rename); prune old ones.
@@ -740,41 +768,81 @@ class RLTrainer:
         return state
 
     def load_checkpoint(self) -> bool:
-        """Restore the latest complete checkpoint; False when there is none.
+        """Restore the newest intact checkpoint; False when there is none.
 
-        A checkpoint loads under any number of processes that divides the batch; ranks that
-        have no saved RNG state (the world size changed) start fresh streams from their seed
-        and the step, so the run continues correctly but not bit-identically.
+        A checkpoint that cannot be read (truncated weights, a damaged ``trainer_state.pt``,
+        or a crafted one: ``torch.load(weights_only=True)`` refuses pickles that would run
+        code) is skipped with a warning for the next older one; every rank skips the same
+        ones. A checkpoint loads under any number of processes that divides the batch; ranks
+        that have no saved RNG state (the world size changed) start fresh streams from their
+        seed and the step, so the run continues correctly but not bit-identically.
         """
-        checkpoints = sorted((self.output_dir / "checkpoints").glob("step_*"))
-        checkpoints = [c for c in checkpoints if (c / "state.json").exists()]
-        if not checkpoints:
-            return False
-        path = checkpoints[-1]
-        load_policy_weights(self.accelerator.unwrap_model(self.policy), path / "policy")
-        if self.value_model is not None:
-            load_value_weights(self.accelerator.unwrap_model(self.value_model), path / "value")
-        state = torch.load(path / "trainer_state.pt", weights_only=True)
-        self.policy_optimizer.load_state_dict(state["policy_optimizer"])
-        if self.value_optimizer is not None:
-            self.value_optimizer.load_state_dict(state["value_optimizer"])
-        for scheduler, scheduler_state in zip(self.schedulers, state["schedulers"]):
-            scheduler.load_state_dict(scheduler_state)
+        skipped = []
+        for path in run_dir.checkpoint_candidates(self.output_dir):
+            try:
+                saved, error = self._read_checkpoint(path), None
+            except Exception as exc:  # any way a file fails to read means a damaged checkpoint
+                saved, error = None, exc
+            if distributed.any_rank(error is not None):
+                reason = f"{type(error).__name__}: {error}" if error is not None else "damaged on another process"
+                warnings.warn(f"{path}: damaged checkpoint skipped ({reason})")
+                skipped.append(f"{path.name} ({reason})")
+                continue
+            self._apply_checkpoint(path, saved)
+            return True
+        if skipped:
+            raise run_dir.RunDirectoryError(f"{self.output_dir / 'checkpoints'}: no intact checkpoint ("
+                                            + "; ".join(skipped) + "); pass --restart to start the run over")
+        return False
+
+    def _read_checkpoint(self, path: Path) -> dict:
+        """Every file of one checkpoint, read into memory (raises if any is damaged)."""
         info = json.loads((path / "state.json").read_text())
+        saved = {"info": info, "step": int(info["step"]), "kl_controller": info["kl_controller"],
+                 "trainer": torch.load(path / "trainer_state.pt", weights_only=True)}
+        _check_safetensors(path / "policy")
+        if self.value_model is not None:
+            _check_safetensors(path / "value")
         rank_file = path / f"rng_rank{distributed.rank()}.pt"
+        same_world = info.get("world_size", 1) == distributed.world_size()
+        if not distributed.is_main_process() and rank_file.exists() and same_world:
+            saved["rank_rng"] = torch.load(rank_file, weights_only=True)
+        return saved
+
+    def _apply_checkpoint(self, path: Path, saved: dict) -> None:
+        # The learning rate, eps and weight decay of this config: an optimizer's state dict
+        # carries the saved ones, and a resume allowed to change them must use the new ones.
+        settings = [[{k: g[k] for k in ("initial_lr", "eps", "weight_decay")} for g in s.optimizer.param_groups]
+                    for s in self.schedulers]
+        state = saved["trainer"]
+        try:
+            load_policy_weights(self.accelerator.unwrap_model(self.policy), path / "policy")
+            if self.value_model is not None:
+                load_value_weights(self.accelerator.unwrap_model(self.value_model), path / "value")
+            self.policy_optimizer.load_state_dict(state["policy_optimizer"])
+            if self.value_optimizer is not None:
+                self.value_optimizer.load_state_dict(state["value_optimizer"])
+        except (RuntimeError, ValueError, KeyError, TypeError) as error:
+            raise run_dir.RunDirectoryError(f"{path}: does not fit the model and optimizer this config builds "
+                                            f"({type(error).__name__}: {error})") from None
+        for scheduler, scheduler_state, groups in zip(self.schedulers, state["schedulers"], settings):
+            scheduler.load_state_dict(scheduler_state)
+            scheduler.base_lrs = [g["initial_lr"] for g in groups]
+            for group, setting in zip(scheduler.optimizer.param_groups, groups):
+                group.update(setting, lr=setting["initial_lr"] * self._lr_lambda(scheduler.last_epoch))
+        info = saved["info"]
         if distributed.is_main_process():
             self._set_rng_state(state)
-        elif rank_file.exists() and info.get("world_size", 1) == distributed.world_size():
-            self._set_rng_state(torch.load(rank_file, weights_only=True))
+        elif "rank_rng" in saved:
+            self._set_rng_state(saved["rank_rng"])
         else:
             seed = distributed.rank_seed(self.config.seed + info["step"], distributed.rank())
             self._set_rng_state({"torch_rng": torch.manual_seed(seed).get_state(),
                                  "shuffle_rng": torch.Generator().manual_seed(seed).get_state(),
                                  "python_rng": random.Random(seed).getstate()})
-        self.step = info["step"]
-        self.kl_controller.load_state_dict(info["kl_controller"])
+        self.step = saved["step"]
+        self.kl_controller.load_state_dict(saved["kl_controller"])
         self.prompt_pool.retired = set(info.get("retired_prompts", []))
-        return True
 
     def _set_rng_state(self, state: dict) -> None:
         accelerator = accelerator_rng_devices()
@@ -784,3 +852,13 @@ class RLTrainer:
         self.shuffle_generator.set_state(state["shuffle_rng"])
         self.rng.setstate(state["python_rng"])
 
+
+def _check_safetensors(path: Path) -> None:
+    """Read every weight file under `path` (raises on a truncated or garbled one)."""
+    from safetensors.torch import load_file
+
+    files = sorted(path.rglob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no safetensors weights")
+    for file in files:
+        load_file(str(file))

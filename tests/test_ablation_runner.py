@@ -114,7 +114,8 @@ def test_failed_run_is_recorded_and_the_rest_complete(tmp_path, tiny_model_dir, 
     broken = sweep / "toy" / "broken" / "seed1"
     error = (broken / "error.txt").read_text()
     assert error.startswith("exit code 1: ") and "does_not_exist" in error.splitlines()[0]
-    assert "Traceback" in error  # the stderr tail
+    # The stderr tail: ppo-train's one-line message (a user error prints no traceback).
+    assert "ppo-train: error: " in error.splitlines()[-1] and "Traceback" not in error
     assert result.failed[0].error == error.splitlines()[0]
     assert "FAILED" in result.summary() and str(broken) in result.summary()
     assert not (broken / "summary.json").exists()

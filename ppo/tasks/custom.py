@@ -11,6 +11,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from ..guards import reward_values
 from .base import Problem, Score
 
 RewardFunction = Callable[[list[str], list[str]], list[float]]
@@ -44,9 +45,10 @@ class CustomTask:
         return self._eval
 
     def score_batch(self, problems: Sequence[Problem], responses: list[str], has_eos: list[bool]) -> list[Score]:
-        rewards = self.reward_fn([p.prompt for p in problems], list(responses))
-        if len(rewards) != len(responses):
-            raise ValueError(f"reward_fn returned {len(rewards)} rewards for {len(responses)} responses")
+        prompts = [p.prompt for p in problems]
+        # One real number per response, checked here with the prompt and response named;
+        # NaN / inf pass on to the trainer, which stops every process together.
+        rewards = reward_values(self.reward_fn(prompts, list(responses)), prompts, responses, self.reward_fn)
         return [Score(correct=float(r) > self.success_threshold, has_answer=True, has_eos=bool(e), value=float(r))
                 for r, e in zip(rewards, has_eos)]
 

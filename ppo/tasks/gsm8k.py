@@ -153,19 +153,23 @@ def extract_answer(response: str, mode: str = "flexible") -> float | None:
 def load_gsm8k_jsonl(path: str | Path) -> list[Problem]:
     """Read a GSM8K-layout JSONL file into `Problem`s, validating every row up front.
 
-    Raises `TaskDataError` naming the path and line for: an unreadable file, invalid
-    JSON, a missing or non-string ``question``/``answer``, an empty question, an answer
+    Raises `TaskDataError` naming the path and line for: an unreadable file, bytes that
+    are not UTF-8, invalid JSON, a missing or non-string ``question``/``answer``, an empty question, an answer
     without ``#### <number>``, or a non-numeric gold answer. Blank lines are skipped.
     """
     path = Path(path)
     if not path.is_file():
         raise TaskDataError(f"{path}: no such JSONL file")
     problems = []
-    with path.open(encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
+    with path.open("rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
+            where = f"{path}:{line_number}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise TaskDataError(f"{where}: not UTF-8 text (byte {error.start} of the line)") from None
             if not line.strip():
                 continue
-            where = f"{path}:{line_number}"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as error:

@@ -426,7 +426,11 @@ def load_preferences(path: str | Path) -> list[dict]:
     """Read and validate a preference JSONL file; errors name the path and line."""
     path = Path(path)
     rows = []
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path}:{number}: not UTF-8 text (byte {error.start} of the line)") from None
         if not line.strip():
             continue
         try:

@@ -1,0 +1,141 @@
+"""Guards where values enter the loop: rewards, losses, gradients and weights must be finite.
+
+One NaN reward makes the group mean, the whitening statistics and then every advantage
+NaN; one optimizer step later every weight is NaN, and the next checkpoint saves them. So
+the values are checked where they enter, before they can reach an update or a save:
+
+- `reward_values`: what a user's ``reward_fn`` returned must be one real number per
+  response (not None, a string, a scalar or a 2-D tensor). Errors name the prompt index,
+  the response and the reward function.
+- `check_scores`: every sequence score (reward function or reward model) is finite, or the
+  run stops before the update. With ``nonfinite_rewards="drop"`` the bad samples are kept
+  out of the loss instead and counted in the metrics (`drop_nonfinite_scores`).
+- `check_update`: the losses and gradient norms of one optimizer step are finite, checked
+  *before* ``optimizer.step()``, so the weights and the newest checkpoint stay the last good
+  ones.
+- `check_parameters`: the weights after a step are finite (a learning rate that is finite
+  but huge overflows them without any NaN in the gradients).
+
+With several processes each decision goes through `distributed.any_rank`, so every rank
+stops on the same step (a rank that stopped alone would leave the others waiting in a
+collective forever).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Callable, Sequence
+
+import torch
+
+from . import distributed
+
+
+class NonFiniteError(RuntimeError):
+    """A NaN or infinite reward, loss, gradient or weight; the run stops before any save."""
+
+
+class RewardTypeError(TypeError):
+    """A reward function returned something other than one real number per response."""
+
+
+def _name(reward_fn: Callable | None) -> str:
+    if reward_fn is None:
+        return "the reward"
+    return getattr(reward_fn, "__qualname__", None) or type(reward_fn).__name__
+
+
+def _short(text: str, limit: int = 80) -> str:
+    """A prompt or response, quoted and cut to `limit` characters."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+def _brief(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def reward_values(rewards: Any, prompts: Sequence[str], responses: Sequence[str],
+                  reward_fn: Callable | None = None) -> list[float]:
+    """``reward_fn``'s return value as a list of floats, one per response (NaN passes through).
+
+    Non-finite values are left for `check_scores`, which decides on every rank together.
+
+    >>> reward_values([1, 0.5], ["a", "b"], ["x", "y"])
+    [1.0, 0.5]
+    """
+    name, count = _name(reward_fn), len(responses)
+    expected = f"expected a list of {count} numbers (one per response)"
+    if isinstance(rewards, (str, bytes)):  # "1010" would otherwise be read as four rewards
+        raise RewardTypeError(f"reward_fn {name} returned a string {_short(str(rewards))}; {expected}")
+    if isinstance(rewards, torch.Tensor) or hasattr(rewards, "ndim"):  # tensors and numpy arrays
+        if rewards.ndim != 1:
+            raise RewardTypeError(f"reward_fn {name} returned an array of shape {tuple(rewards.shape)}; {expected}")
+        rewards = rewards.tolist()
+    if rewards is None or isinstance(rewards, numbers.Number) or not isinstance(rewards, (list, tuple)):
+        raise RewardTypeError(f"reward_fn {name} returned {type(rewards).__name__} {_brief(rewards)}; {expected}")
+    if len(rewards) != count:
+        raise RewardTypeError(f"reward_fn {name} returned {len(rewards)} rewards for {count} responses")
+    values = []
+    for index, reward in enumerate(rewards):
+        if hasattr(reward, "ndim") and reward.ndim == 0:  # a 0-d tensor or numpy scalar
+            reward = reward.item()
+        if isinstance(reward, bool) or not isinstance(reward, numbers.Real):
+            raise RewardTypeError(f"reward_fn {name} returned {type(reward).__name__} {_brief(reward)} as the "
+                                  f"reward of prompt {index} {_short(prompts[index])} response "
+                                  f"{_short(responses[index])}; rewards must be real numbers")
+        values.append(float(reward))
+    return values
+
+
+def check_scores(scores: torch.Tensor, prompts: Sequence[str], responses: Sequence[str], source: str,
+                 drop: bool = False) -> torch.Tensor:
+    """`scores` ``[B]`` if all finite; else stop on every rank (or, with `drop`, return the mask
+    ``[B]`` of the finite ones). Returns the keep mask (all True when nothing is wrong)."""
+    finite = torch.isfinite(scores)  # [B]
+    if not distributed.any_rank(not bool(finite.all())):
+        return finite
+    if drop:
+        return finite
+    bad = (~finite).nonzero().flatten().tolist()
+    if bad:
+        index = bad[0]
+        where = "" if distributed.world_size() == 1 else f" on process {distributed.rank()}"
+        raise NonFiniteError(
+            f"{source} gave {float(scores[index])} for prompt {index}{where} {_short(prompts[index])} response "
+            f"{_short(responses[index])} ({len(bad)} of {len(bad) + int(finite.sum())} scores are not finite); "
+            "stopped before the update, so the weights and the newest checkpoint are the last good ones. "
+            "Fix the reward, or set nonfinite_rewards='drop' to leave such samples out of the loss")
+    raise NonFiniteError(f"{source} gave a non-finite score on another process; stopped before the update")
+
+
+def drop_nonfinite_scores(scores: torch.Tensor, finite: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Scores ``[B]`` with each non-finite one replaced by the mean of its group's finite scores
+    (0 when none is), so a dropped sample shifts no group baseline; the caller keeps it out
+    of the loss.
+
+    >>> drop_nonfinite_scores(torch.tensor([1.0, float("nan"), 3.0, 0.0]), torch.tensor([1, 0, 1, 1]).bool(), 2)
+    tensor([1., 1., 3., 0.])
+    """
+    grouped = torch.where(finite, scores, torch.zeros_like(scores)).view(-1, group_size)  # [prompts, G]
+    counts = finite.view(-1, group_size).sum(-1, keepdim=True)  # [prompts, 1]
+    means = (grouped.sum(-1, keepdim=True) / counts.clamp(min=1)).expand_as(grouped).reshape(-1)  # [B]
+    return torch.where(finite, scores, means)
+
+
+def check_update(values: dict[str, float], step: int) -> None:
+    """Stop on every rank, before ``optimizer.step()``, when a loss or gradient norm is not finite."""
+    bad = {name: value for name, value in values.items() if not math.isfinite(value)}
+    if distributed.any_rank(bool(bad)):
+        detail = ", ".join(f"{name}={value}" for name, value in bad.items()) or "on another process"
+        raise NonFiniteError(f"step {step}: non-finite {detail}; stopped before the optimizer step, so the weights "
+                             "and the newest checkpoint are the last good ones")
+
+
+def check_parameters(parameters: Sequence[torch.nn.Parameter], step: int) -> None:
+    """Stop on every rank when an optimizer step left a non-finite weight."""
+    finite = all(bool(torch.isfinite(p).all()) for p in parameters)
+    if distributed.any_rank(not finite):
+        raise NonFiniteError(f"step {step}: the optimizer step made weights non-finite (learning rate too large?); "
+                             "stopped before any checkpoint of them")

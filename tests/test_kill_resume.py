@@ -1,0 +1,110 @@
+"""kill -9 at a random step, and once inside a checkpoint save, then --resume: the run ends
+with the same weights and logs as a run that was never interrupted.
+
+The runs are real ``python -m ppo.cli`` processes on the tiny model. The kill moments are
+random but reproducible: drawn from ``PPO_KILL_SEED`` (default 0), printed on failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+
+from ppo.config import PPOConfig
+from ppo.trainer import RLTrainer
+
+ROOT = Path(__file__).resolve().parent.parent
+TOTAL_STEPS = 4
+CONFIG = dict(rollout_batch_size=4, response_length=8, eval_size=2, eval_every=0, total_steps=TOTAL_STEPS,
+              save_every=1, keep_checkpoints=2, progress=False, log_samples=2, lr=1e-3, ppo_epochs=2, threads=1)
+# Runs ppo.cli with torch.save slowed down inside the save of one step: the checkpoint's
+# temp folder holds the weights and trainer_state.pt, not yet state.json, when it hangs.
+SLOW_SAVE = '''
+import sys, time, pathlib, torch
+step, marker = int(sys.argv[1]), pathlib.Path(sys.argv[2])
+real_save = torch.save
+def slow_save(obj, f, *args, **kwargs):
+    real_save(obj, f, *args, **kwargs)
+    if ".tmp_step_%06d" % step in str(f):
+        marker.write_text("inside the save")
+        time.sleep(600)
+torch.save = slow_save
+from ppo.cli import main
+sys.exit(main(sys.argv[3:]))
+'''
+
+
+def launch(args: list[str], log: Path) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    return subprocess.Popen([sys.executable, *args], cwd=ROOT, env=env, stdout=log.open("ab"),
+                            stderr=subprocess.STDOUT)
+
+
+def wait_for(condition, process: subprocess.Popen, what: str, log: Path, timeout: float = 600) -> None:
+    deadline = time.time() + timeout
+    while not condition():
+        assert process.poll() is None, f"the run exited before {what}:\n{log.read_text()[-3000:]}"
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def logged_steps(run: Path) -> list[int]:
+    path = run / "metrics.jsonl"
+    if not path.exists():
+        return []
+    steps = []
+    for line in path.read_text().splitlines():
+        try:
+            steps.append(json.loads(line)["step"])
+        except ValueError:  # the line being written right now
+            pass
+    return steps
+
+
+def test_kill_9_at_a_random_step_and_inside_a_save_resumes_to_the_straight_run(tmp_path, tiny_model_dir):
+    seed = int(os.environ.get("PPO_KILL_SEED", "0"))
+    draw = random.Random(seed)
+    kill_step = draw.randint(1, TOTAL_STEPS - 2)  # kill -9 once this step is logged
+    save_step = draw.randint(kill_step + 1, TOTAL_STEPS - 1)  # kill -9 inside this step's save
+    context = f"PPO_KILL_SEED={seed}: kill at step {kill_step}, inside the save of step {save_step}"
+
+    config = PPOConfig(model_path=str(tiny_model_dir), output_dir=str(tmp_path / "straight"), **CONFIG)
+    straight = RLTrainer(config)
+    straight.train()
+
+    run, log = tmp_path / "killed", tmp_path / "killed.log"
+    config_file = tmp_path / "config.yaml"
+    config.replace(output_dir=str(run)).to_yaml(config_file)
+    cli = ["--config", str(config_file), "--output-dir", str(run)]
+
+    first = launch(["-m", "ppo.cli", *cli], log)
+    wait_for(lambda: kill_step in logged_steps(run), first, f"step {kill_step}", log)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+
+    marker = tmp_path / "inside_save"
+    second = launch(["-c", SLOW_SAVE, str(save_step), str(marker), *cli, "--resume"], log)
+    wait_for(marker.exists, second, f"the save of step {save_step}", log)
+    second.send_signal(signal.SIGKILL)
+    second.wait()
+    assert list((run / "checkpoints").glob(".tmp_step_*")), context  # the save really was cut short
+
+    third = launch(["-m", "ppo.cli", *cli, "--resume"], log)
+    assert third.wait(timeout=600) == 0, f"{context}\n{log.read_text()[-3000:]}"
+
+    final = load_file(str(run / "checkpoints" / f"step_{TOTAL_STEPS:06d}" / "policy" / "model.safetensors"))
+    expected = straight.policy.state_dict()
+    assert all(torch.equal(final[name], expected[name]) for name in final), context
+    assert logged_steps(run) == list(range(TOTAL_STEPS + 1)), context
+    assert not list((run / "checkpoints").glob(".tmp_*")), context
+    history = [json.loads(line) for line in (run / "resume_history.jsonl").read_text().splitlines()]
+    assert len(history) == 2 and all(entry["changed"] == {} for entry in history), context

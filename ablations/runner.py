@@ -335,7 +335,7 @@ def launch_run(spec: RunSpec, resume: bool = False, timeout: float | None = None
         log.write(f"\n=== {datetime.now().isoformat(timespec='seconds')} {shlex.join(command)}\n")
         log.flush()
         # Its own process group, so stopping the sweep stops the run and its children; the
-        # run directory's lock descriptor goes with it (see `_attempt`).
+        # run directory's lock descriptor goes with it (see `attempt_run`).
         lock_fd = _run_lock_fds.get(spec.run_dir)
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.PIPE, text=True, errors="replace",
                                    env=env, start_new_session=True, preexec_fn=_die_with_parent,

@@ -255,30 +255,47 @@ def test_runner_stops_its_runs_on_sigterm(tmp_path):
     assert not _alive(child)
 
 
-def test_runner_killed_with_sigkill_leaves_a_locked_run_untouched(tmp_path):
-    """SIGKILL cannot be caught: the orphaned run keeps the run directory's lock, so a rerun
-    leaves its directory alone until it exits; then the rerun may clear it."""
-    import ablations.runner as runner
-    from ablations.runner import RunSpec
+def test_runner_killed_with_sigkill_takes_its_runs_with_it(tmp_path):
+    """SIGKILL cannot be caught, but every run is started to die with the process that
+    launched it (Linux PR_SET_PDEATHSIG): no orphan keeps writing, and its lock is gone."""
     from ppo.run_dir import RunLock
 
     driver, child, run_dir = _start_driver(tmp_path)
     driver.kill()
     driver.wait(timeout=30)
-    try:
-        assert _alive(child)
-        spec = RunSpec("toy", "a", 1, run_dir, PPOConfig(output_dir=str(run_dir)))
-        outcome = runner._attempt(spec, timeout=None)
-        assert outcome.status == "failed" and "in use by another live process" in outcome.error
-        assert (run_dir / "child.pid").exists()  # not cleared under the live orphan
-    finally:
-        os.kill(child, signal.SIGKILL)
-    deadline = time.time() + 10
+    deadline = time.time() + 20
     while _alive(child) and time.time() < deadline:
         time.sleep(0.1)
+    assert not _alive(child)
     lock = RunLock(run_dir)
     assert lock.acquire()  # the lock died with the last process holding it
     lock.release()
+
+
+def test_a_run_directory_locked_by_a_live_process_is_left_untouched(tmp_path):
+    """A second sweep over the same directory (or any live holder of the run's lock) makes
+    the attempt fail without clearing the directory under the process that writes it."""
+    import ablations.runner as runner
+    from ablations.runner import RunSpec
+
+    run_dir = tmp_path / "sweep" / "toy" / "a" / "seed1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
+    holder_code = ("import sys, time; from pathlib import Path; from ppo.run_dir import RunLock; "
+                   "lock = RunLock(Path(sys.argv[1])); assert lock.acquire(); print('held', flush=True); "
+                   "time.sleep(120)")
+    root = Path(__file__).resolve().parent.parent
+    holder = subprocess.Popen([sys.executable, "-c", holder_code, str(run_dir)], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        spec = RunSpec("toy", "a", 1, run_dir, PPOConfig(output_dir=str(run_dir)))
+        outcome = runner.attempt_run(spec, timeout=None)
+        assert outcome.status == "failed" and "in use by another live process" in outcome.error
+        assert (run_dir / "metrics.jsonl").read_text() == '{"step": 0}\n'  # not cleared
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 # ---------------------------------------------------------------- resume: changed configs, damaged directories

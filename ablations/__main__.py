@@ -3,7 +3,7 @@
 Commands::
 
     python -m ablations list
-    python -m ablations run NAME [NAME ...] [--seeds 3] [--steps N] [--workers N] [--out DIR] [--no-reuse]
+    python -m ablations run NAME [NAME ...] [--seeds 3] [--steps N] [--workers N] [--threads N] [--out DIR] [--no-reuse]
     python -m ablations report DIR
     python -m ablations bench [--steps 8] [--presets alpacafarm grpo]
 
@@ -74,7 +74,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     sweep_dir = Path(args.out) if args.out else Path("sweeps") / names[0]
     result = run_sweep([known[name] for name in names], sweep_dir, seeds=args.seeds, steps=args.steps,
-                       workers=args.workers, timeout=args.timeout, progress=True, reuse=not args.no_reuse)
+                       workers=args.workers, threads=args.threads, timeout=args.timeout, progress=True,
+                       reuse=not args.no_reuse)
     if not result.completed and not result.skipped:
         print("no run completed: nothing to report", file=sys.stderr)
         return 1
@@ -115,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="RL steps per run (default: the ablation's own, else the preset's testbed value)")
     run.add_argument("--workers", type=_positive_int, default=None,
                      help="concurrent runs (default: one per CPU core); each gets cpu_count // workers threads")
+    run.add_argument("--threads", type=_positive_int, default=None,
+                     help="torch threads per run (default: cpu_count // workers); set it on a machine shared with other jobs")
     run.add_argument("--timeout", type=float, default=None, help="seconds before a run is killed and marked failed")
     run.add_argument("--no-reuse", action="store_true",
                      help="train every run, even one whose config equals a complete run's in the sweep dir "

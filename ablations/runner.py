@@ -11,7 +11,8 @@ A sweep directory holds one ordinary ``ppo-train`` run directory per (ablation, 
 Each run is a separate ``python -m ppo.cli`` process, so a crash, an out-of-memory kill or a
 hung run costs one run, not the sweep, and each run gets a fresh interpreter (no state shared
 between runs through torch's global RNG or thread settings). The runs share the CPU evenly:
-each gets ``threads = max(1, cpu_count // workers)`` torch threads.
+each gets ``threads = max(1, cpu_count // workers)`` torch threads, unless ``threads`` is given (a
+machine shared with other jobs).
 
 Rerunning the same command continues a sweep:
 
@@ -389,10 +390,11 @@ def _write_sweep_json(sweep_dir: Path, names: list[str], seeds: int, steps: int 
 
 def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path, seeds: int = 3,
               steps: int | None = None, workers: int | None = None, timeout: float | None = None,
-              progress: bool = True, reuse: bool = True) -> SweepResult:
+              progress: bool = True, reuse: bool = True, threads: int | None = None) -> SweepResult:
     """Run every variant x seed of the named ablations into `sweep_dir`; see the module doc.
 
-    `workers` concurrent runs (default: one per CPU core); `timeout` seconds per run (None:
+    `workers` concurrent runs (default: one per CPU core), each with `threads` torch threads
+    (default: an even share of the cores); `timeout` seconds per run (None:
     no limit). Complete runs are skipped, failed ones retried; with `reuse`, a run identical
     to a complete one is copied instead of trained. Returns the outcomes; with `progress`,
     shows a progress bar and prints the summary.
@@ -408,7 +410,9 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
     workers = workers or cpu_count
     if workers < 1:
         raise ValueError(f"workers must be >= 1 (got {workers})")
-    threads = max(1, cpu_count // workers)
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1 (got {threads})")
+    threads = threads or max(1, cpu_count // workers)
 
     sweep_dir = Path(sweep_dir)
     specs = [spec for ablation in ablations for spec in plan_runs(ablation, seeds, steps, sweep_dir)]

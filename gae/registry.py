@@ -10,6 +10,9 @@ Implementation details that live here:
 - **Outcome advantages broadcast to tokens** (`grpo`, `dr_grpo`, `rloo`, `reinforce`): the
   sequence score is the sum of the masked per-token rewards, and the single advantage of a
   response is copied to each of its tokens (DeepSeekMath's outcome supervision), 0 on padding.
+- **Rejection sampling as an estimator** (`rft`): advantage 1 on kept responses and 0 on
+  the rest turns the policy-gradient loss into SFT on the policy's own correct samples
+  (expert iteration), so it runs in the same loop as GRPO at equal samples.
 - **Returns without a critic**: the value-free estimators return ``returns = advantages``;
   nothing regresses on them, but every estimator keeps the same `(advantages, returns)` shape.
 - **Every estimator takes every keyword** (plus ``**kwargs``) and ignores what it does not
@@ -63,6 +66,7 @@ def estimate_advantages(
     grpo_scale: str = "group",
     grpo_eps: float = 1e-4,
     reinforce_baseline: bool = False,
+    rft_min_score: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the advantage estimator registered as `name`.
 
@@ -77,6 +81,7 @@ def estimate_advantages(
         gamma, lam: GAE discount and lambda.
         grpo_scale, grpo_eps: `scale` and `eps` of `gae.group_advantages` for ``"grpo"``.
         reinforce_baseline: ``"reinforce"`` subtracts the batch mean score when True.
+        rft_min_score: ``"rft"`` keeps the responses whose score is at least this.
 
     Returns:
         `(advantages, returns)`, both `[B, T]`, 0 outside `response_mask`.
@@ -100,6 +105,7 @@ def estimate_advantages(
         grpo_scale=grpo_scale,
         grpo_eps=grpo_eps,
         reinforce_baseline=reinforce_baseline,
+        rft_min_score=rft_min_score,
     )
 
 
@@ -171,3 +177,26 @@ def reinforce_estimator(*, token_rewards, response_mask, reinforce_baseline=Fals
         # A constant baseline lowers the gradient's variance without biasing it.
         scores = scores - scores.mean()
     return _broadcast_to_tokens(scores, response_mask)
+
+
+@register_advantage_estimator("rft")
+def rft_estimator(*, token_rewards, response_mask, rft_min_score=1.0, **kwargs):
+    """Rejection-sampling fine-tuning (expert iteration; STaR, RAFT, ReST): sample G
+    responses, keep those scoring at least `rft_min_score`, fine-tune on them.
+
+    As an advantage it is 1 on every token of a kept response and 0 elsewhere. With one
+    update per batch the ratio is 1 and the policy loss's gradient is
+    ``-sum(kept tokens) grad log p / normaliser``: the SFT cross-entropy gradient on the
+    kept samples. Nothing pushes down the rejected ones (no negative advantage) and there
+    is no baseline, which is the difference from GRPO this estimator lets one measure.
+    Under ``loss_agg="token_mean"`` the normaliser counts all response tokens of the batch,
+    rejected ones too, so a batch with fewer kept samples takes a proportionally smaller
+    step (Adam's normalisation absorbs most of that).
+
+    >>> rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0]])
+    >>> rft_estimator(token_rewards=rewards, response_mask=torch.ones(2, 2))[0].tolist()
+    [[1.0, 1.0], [0.0, 0.0]]
+    """
+    scores = _sequence_scores(token_rewards, response_mask)  # [B]
+    kept = (scores >= rft_min_score).to(token_rewards.dtype)  # [B]
+    return _broadcast_to_tokens(kept, response_mask)

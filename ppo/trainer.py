@@ -45,7 +45,8 @@ from .kl import kl_penalty, make_kl_controller
 from .logprobs import logprobs_from_logits, response_logprobs, response_values
 from .losses import entropy_loss, explained_variance, kl_loss, policy_loss, value_loss
 from .policy import disable_dropout, load_policy
-from .rewards import apply_missing_eos, clip_scores, group_kimi_length_reward, shape_rewards, whiten_rewards
+from .rewards import (apply_missing_eos, clip_scores, format_reward, group_kimi_length_reward, length_reward_weight,
+                      shape_rewards, whiten_rewards)
 from .rollout import Rollout, decode_responses, generate
 from .tasks import ArithmeticTask, CustomTask, GSM8KTask
 
@@ -129,7 +130,7 @@ class RLTrainer:
             if model_path is None:
                 from .sft import warm_start
 
-                model_path = str(warm_start(progress=config.progress))
+                model_path = str(warm_start(progress=config.progress, stop_after=config.warm_start_steps))
             self.model_path = model_path
             policy, tokenizer = load_policy(model_path, dropout=not config.disable_dropout)
         elif tokenizer is None:
@@ -200,6 +201,7 @@ class RLTrainer:
             else:
                 raw_scores = task_scores
             correct = torch.tensor([s.correct for s in score_objects], device=self.device)  # [B]
+            well_formed = torch.tensor([s.well_formed for s in score_objects], device=self.device)  # [B]
 
         # ---- 3. old log-probs, reference log-probs, values (no autograd) ---------------
         temperature = cfg.temperature if cfg.scale_logits_by_temperature else 1.0
@@ -230,9 +232,11 @@ class RLTrainer:
         with timer("rewards"):
             scores = apply_missing_eos(raw_scores, rollout.has_eos, cfg.missing_eos,
                                        cfg.missing_eos_penalty, cfg.missing_eos_value)  # [B]
-            if cfg.length_reward_coef > 0:
-                scores = scores + cfg.length_reward_coef * group_kimi_length_reward(
+            length_coef = length_reward_weight(self.step, cfg.length_reward_coef, cfg.length_reward_warmup_steps)
+            if length_coef > 0:
+                scores = scores + length_coef * group_kimi_length_reward(
                     rollout.response_lengths.float(), correct, cfg.group_size)
+            scores = scores + format_reward(well_formed, cfg.format_reward_coef)
             scores = clip_scores(scores, cfg.reward_clip)
             kl_in_reward = cfg.kl_placement == "reward" and ref_logprobs is not None
             token_rewards = shape_rewards(scores, kl, response_mask, beta, kl_in_reward=kl_in_reward)  # [B, T]
@@ -244,7 +248,8 @@ class RLTrainer:
             advantages, returns = estimate_advantages(
                 cfg.advantage_estimator, token_rewards=token_rewards, response_mask=response_mask, values=values,
                 group_size=cfg.group_size, gamma=cfg.gamma, lam=cfg.lam, grpo_scale=cfg.grpo_scale,
-                grpo_eps=cfg.grpo_eps, reinforce_baseline=cfg.reinforce_baseline)  # [B, T] each
+                grpo_eps=cfg.grpo_eps, reinforce_baseline=cfg.reinforce_baseline,
+                rft_min_score=cfg.rft_min_score)  # [B, T] each
             if cfg.whiten_advantages and not cfg.whiten_advantages_per_minibatch:
                 advantages = whiten(advantages, response_mask)
         # Responses cut off at response_length can be left out of the loss (DAPO).
@@ -301,6 +306,8 @@ class RLTrainer:
             "response_length_correct": float(lengths[correct].mean()) if correct.any() else float("nan"),
             "response_length_incorrect": float(lengths[~correct].mean()) if (~correct).any() else float("nan"),
             "eos_rate": float(rollout.has_eos.float().mean()),
+            "well_formed_rate": float(well_formed.float().mean()),
+            "length_reward_coef": length_coef,
             "advantage_mean": _masked_mean(advantages, response_mask),
             "advantage_abs_mean": _masked_mean(advantages.abs(), response_mask),
             "lr": self.policy_optimizer.param_groups[0]["lr"],

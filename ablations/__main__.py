@@ -3,7 +3,7 @@
 Commands::
 
     python -m ablations list
-    python -m ablations run NAME [NAME ...] [--seeds 3] [--steps N] [--workers N] [--out DIR] [--no-reuse]
+    python -m ablations run NAME [NAME ...] [--seeds 3] [--steps N] [--workers N] [--threads N] [--out DIR] [--no-reuse]
                             [--backend local|ray|slurm] [--address auto] [--cpus-per-run N] [--gpus-per-run N]
     python -m ablations report DIR
     python -m ablations bench [--steps 8] [--presets alpacafarm grpo]
@@ -81,7 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
                                partition=args.partition, time_min=args.time_min)
         result = run_sweep([known[name] for name in names], sweep_dir, seeds=args.seeds, steps=args.steps,
-                           workers=args.workers, timeout=args.timeout, progress=True, reuse=not args.no_reuse,
+                           workers=args.workers, threads=args.threads, timeout=args.timeout, progress=True, reuse=not args.no_reuse,
                            backend=backend)
     except (ValueError, BackendUnavailable) as error:
         print(f"run: {error}", file=sys.stderr)
@@ -131,6 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workers", type=_positive_int, default=None,
                      help="concurrent runs (local default: one per CPU core, each with cpu_count // workers "
                           "threads; ray default: as many as the cluster fits; slurm default: 32 jobs)")
+    run.add_argument("--threads", type=_positive_int, default=None,
+                     help="torch threads per run (default: cpu_count // workers); set it on a machine shared with other jobs")
     run.add_argument("--timeout", type=float, default=None, help="seconds before a run is killed and marked failed")
     run.add_argument("--no-reuse", action="store_true",
                      help="train every run, even one whose config equals a complete run's in the sweep dir "

@@ -184,6 +184,53 @@ register(
     metric="zero_advantage_group_frac_kept", extra_metrics=("zero_advantage_group_frac", "kept_group_frac", "accuracy"),
 )
 
+# ---------------------------------------------------------------------- lecture ideas (20 steps: sized for a shared 2-core CPU)
+# A weaker start: the SFT run's own checkpoint after WEAK_START_STEPS of its 700 steps,
+# standing in for a base model (R1-Zero starts RL from the base model).
+WEAK_START_STEPS = 200
+register(
+    "format_reward",
+    "From a weak start (R1-Zero style), does a bonus for a well-formed answer (R1's format reward) "
+    "raise the well-formed rate faster, and does it help or dilute the accuracy reward?",
+    [Variant("off", GRPO, {"warm_start_steps": WEAK_START_STEPS}),
+     Variant("on", GRPO, {"warm_start_steps": WEAK_START_STEPS, "format_reward_coef": 0.5})],
+    metric="well_formed_rate", extra_metrics=("eos_rate", "accuracy", "response_length"),
+    steps=20,
+)
+register(
+    "rft_vs_grpo",
+    "Rejection-sampling fine-tuning (sample G, SFT on the correct ones: expert iteration) vs GRPO "
+    "in the same loop at equal samples; only the advantage differs.",
+    [Variant("grpo", GRPO), Variant("rft", GRPO, {"advantage_estimator": "rft"})],
+    metric="accuracy", extra_metrics=("entropy", "kl_k1", "response_length_incorrect"),
+    steps=20,
+)
+register(
+    "weak_start",
+    "RL from a weaker, less trained SFT checkpoint (a stand-in for a base model, R1-Zero style) vs "
+    "from the full warm start: how much does RL recover, and how fast?",
+    [Variant("full_sft", GRPO), Variant("weak_sft", GRPO, {"warm_start_steps": WEAK_START_STEPS})],
+    metric="accuracy", extra_metrics=("well_formed_rate", "response_length", "kl_k1"),
+    steps=20,
+)
+register(
+    "grpo_updates_per_batch",
+    "GRPO with one update per rollout batch (ratio 1, the clip never fires) vs four (the clip fires).",
+    [Variant("1_update", GRPO), Variant("4_updates", GRPO, {"ppo_epochs": 4})],
+    metric="clipfrac", extra_metrics=("approx_kl", "kl_k1", "accuracy", "entropy"),
+    steps=20,
+)
+register(
+    "kimi_length_warmup",
+    "Kimi's length reward from the first step vs after a warm-up of 10 of 20 steps: does the "
+    "warm-up keep accuracy while still shortening answers?",
+    [Variant("off", GRPO),
+     Variant("on", GRPO, {"length_reward_coef": 0.5}),
+     Variant("warmup_10", GRPO, {"length_reward_coef": 0.5, "length_reward_warmup_steps": 10})],
+    metric="response_length_correct", extra_metrics=("response_length_incorrect", "accuracy", "length_reward_coef"),
+    steps=20,
+)
+
 # ---------------------------------------------------------------------- remaining toggles, one entry each
 register(
     "clip_variants",

@@ -12,7 +12,8 @@ Each run is a separate ``python -m ppo.cli`` process, so a crash, an out-of-memo
 hung run costs one run, not the sweep, and each run gets a fresh interpreter (no state shared
 between runs through torch's global RNG or thread settings). Where that process runs is the
 backend's business (`ablations.backends`): on this machine by default, where the runs share
-the CPU evenly (each gets ``threads = max(1, cpu_count // workers)`` torch threads), or on
+the CPU evenly (each gets ``threads = max(1, cpu_count // workers)`` torch threads, unless ``threads``
+is given: a machine shared with other jobs), or on
 the nodes of a Ray cluster or as Slurm jobs (each gets ``cpus_per_run`` threads). Everything
 below is decided here, in the driver, once for all backends.
 
@@ -503,11 +504,13 @@ def _failed_by_backend(spec: RunSpec, backend_name: str, error: BaseException) -
 
 def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path, seeds: int = 3,
               steps: int | None = None, workers: int | None = None, timeout: float | None = None,
-              progress: bool = True, reuse: bool = True, backend: "Backend | None" = None) -> SweepResult:
+              progress: bool = True, reuse: bool = True, backend: "Backend | None" = None,
+              threads: int | None = None) -> SweepResult:
     """Run every variant x seed of the named ablations into `sweep_dir`; see the module doc.
 
     `backend` says where the runs execute (`ablations.backends`); the default is a local
-    process pool of `workers` concurrent runs (default: one per CPU core). `timeout` seconds
+    process pool of `workers` concurrent runs (default: one per CPU core); each run gets
+    `threads` torch threads (default: the backend's share). `timeout` seconds
     per run (None: no limit). Complete runs are skipped, failed ones retried; with `reuse`, a
     run identical to a complete one is copied instead of trained. All of this happens here,
     in the driver, the same for every backend: a backend only executes `attempt_run`.
@@ -525,7 +528,9 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
     if not ablations:
         raise ValueError("run_sweep: no ablations given")
     backend = backend or LocalBackend(workers)
-    threads = backend.threads_per_run()
+    if threads is not None and threads < 1:
+        raise ValueError(f"threads must be >= 1 (got {threads})")
+    threads = threads or backend.threads_per_run()
 
     # Absolute, so a run's paths mean the same thing on a worker with another working directory.
     sweep_dir = Path(sweep_dir).absolute()

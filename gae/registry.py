@@ -10,6 +10,9 @@ Implementation details that live here:
 - **Outcome advantages broadcast to tokens** (`grpo`, `dr_grpo`, `rloo`, `reinforce`): the
   sequence score is the sum of the masked per-token rewards, and the single advantage of a
   response is copied to each of its tokens (DeepSeekMath's outcome supervision), 0 on padding.
+- **Rejection sampling as an estimator** (`rft`): advantage 1 on kept responses and 0 on
+  the rest turns the policy-gradient loss into SFT on the policy's own correct samples
+  (expert iteration), so it runs in the same loop as GRPO at equal samples.
 - **Returns without a critic**: the value-free estimators return ``returns = advantages``;
   nothing regresses on them, but every estimator keeps the same `(advantages, returns)` shape.
 - **Every estimator takes every keyword** (plus ``**kwargs``) and ignores what it does not
@@ -64,6 +67,7 @@ def estimate_advantages(
     grpo_eps: float = 1e-4,
     reinforce_baseline: bool = False,
     reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    rft_min_score: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the advantage estimator registered as `name`.
 
@@ -81,6 +85,7 @@ def estimate_advantages(
         reduce_sum: sums over data-parallel processes (`ppo.distributed.global_sum`), for
             the estimators that use batch statistics (``grpo_scale="batch"``, the REINFORCE
             baseline); None = a single process.
+        rft_min_score: ``"rft"`` keeps the responses whose score is at least this.
 
     Returns:
         `(advantages, returns)`, both `[B, T]`, 0 outside `response_mask`.
@@ -105,6 +110,7 @@ def estimate_advantages(
         grpo_eps=grpo_eps,
         reinforce_baseline=reinforce_baseline,
         reduce_sum=reduce_sum,
+        rft_min_score=rft_min_score,
     )
 
 
@@ -179,3 +185,26 @@ def reinforce_estimator(*, token_rewards, response_mask, reinforce_baseline=Fals
         count = reduce_sum(torch.tensor(float(scores.numel()), dtype=torch.float64, device=scores.device))
         scores = scores - (reduce_sum(scores.double().sum()) / count).to(scores.dtype)
     return _broadcast_to_tokens(scores, response_mask)
+
+
+@register_advantage_estimator("rft")
+def rft_estimator(*, token_rewards, response_mask, rft_min_score=1.0, **kwargs):
+    """Rejection-sampling fine-tuning (expert iteration; STaR, RAFT, ReST): sample G
+    responses, keep those scoring at least `rft_min_score`, fine-tune on them.
+
+    As an advantage it is 1 on every token of a kept response and 0 elsewhere. With one
+    update per batch the ratio is 1 and the policy loss's gradient is
+    ``-sum(kept tokens) grad log p / normaliser``: the SFT cross-entropy gradient on the
+    kept samples. Nothing pushes down the rejected ones (no negative advantage) and there
+    is no baseline, which is the difference from GRPO this estimator lets one measure.
+    Under ``loss_agg="token_mean"`` the normaliser counts all response tokens of the batch,
+    rejected ones too, so a batch with fewer kept samples takes a proportionally smaller
+    step (Adam's normalisation absorbs most of that).
+
+    >>> rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0]])
+    >>> rft_estimator(token_rewards=rewards, response_mask=torch.ones(2, 2))[0].tolist()
+    [[1.0, 1.0], [0.0, 0.0]]
+    """
+    scores = _sequence_scores(token_rewards, response_mask)  # [B]
+    kept = (scores >= rft_min_score).to(token_rewards.dtype)  # [B]
+    return _broadcast_to_tokens(kept, response_mask)

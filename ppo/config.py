@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "abs")
-ADVANTAGE_ESTIMATOR_NAMES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce")
+ADVANTAGE_ESTIMATOR_NAMES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce", "rft")
 GSM8K_ANSWER_MODES = ("strict", "flexible")  # implemented in ppo/tasks/gsm8k.py `extract_answer`
 # Seeds are 64-bit in torch; per-rank seeds are hashed into [0, 2**63) (ppo/distributed.py).
 MAX_SEED = 2**63 - 1
@@ -50,6 +50,7 @@ class PPOConfig:
 
     # ------------------------------------------------------------------ run and model
     model_path: str | None = _f(None, "Policy checkpoint (any local HF causal LM dir). None: the testbed's cached SFT warm start.")
+    warm_start_steps: int | None = _f(None, "With model_path None: start from the testbed SFT run's checkpoint after this many of its steps (an earlier, weaker model standing in for a base model, as DeepSeek R1-Zero starts RL from the base model); None = the finished warm start.")
     task: str = _f("arithmetic", "Task: 'arithmetic' (the testbed), 'preference' (the testbed scored by a hidden gold scorer; train against reward_model_path: AlpacaFarm-style RLHF), 'gsm8k' (JSONL at task_path), or 'custom' (prompts + reward_fn from Python).")
     task_path: str | None = _f(None, "Training JSONL for task='gsm8k' (GSM8K layout: question, answer ending '#### <number>').")
     eval_path: str | None = _f(None, "Held-out JSONL for task='gsm8k' (default: the training file).")
@@ -90,6 +91,8 @@ class PPOConfig:
     whiten_rewards_over_padding: bool = _f(False, "Compute reward-whitening statistics over the whole [B, T] tensor, padding zeros included, as AlpacaFarm does; False = masked statistics.")
     nonfinite_rewards: str = _f("stop", "A NaN or infinite sequence score: 'stop' the run before the update (the newest checkpoint stays the last good one) or 'drop' those samples from the loss (their score becomes their group's finite mean) and count them in the metric dropped_samples.")
     length_reward_coef: float = _f(0.0, "Weight of Kimi k1.5's in-group length reward added to the score (needs group_size >= 2); 0 = off.")
+    length_reward_warmup_steps: int = _f(0, "RL steps at the start with the length reward switched off (weight 0), then length_reward_coef: Kimi k1.5's warm-up, so the policy first learns to solve before it is pushed to be brief. 0 = on from the first step.")
+    format_reward_coef: float = _f(0.0, "Bonus added to the score of a well-formed response (answer marker with a parseable answer, and an EOS): DeepSeek R1's format reward next to the accuracy reward. 0 = off.")
 
     # ------------------------------------------------------------------ KL to the reference
     kl_coef: float = _f(0.05, "KL coefficient beta. AlpacaFarm 0.0067 (fixed), TRL 0.05, DeepSeekMath GRPO 0.04. 0 skips the reference model entirely.")
@@ -101,7 +104,7 @@ class PPOConfig:
     kl_horizon: int = _f(10000, "Horizon (in samples) of the adaptive controller (Ziegler et al.: 10000).")
 
     # ------------------------------------------------------------------ advantages
-    advantage_estimator: str = _f("gae", "'gae' (PPO with a value model), 'grpo', 'dr_grpo', 'rloo', 'reinforce' (no value model).")
+    advantage_estimator: str = _f("gae", "'gae' (PPO with a value model), 'grpo', 'dr_grpo', 'rloo', 'reinforce', 'rft' (rejection-sampling fine-tuning: SFT on the kept samples) (no value model).")
     gamma: float = _f(1.0, "Discount. AlpacaFarm and TRL: 1.0.")
     lam: float = _f(0.95, "GAE lambda. AlpacaFarm 1.0 (gamma=lambda=1: a bandit, advantage = return - value), TRL 0.95.")
     whiten_advantages: bool = _f(True, "Whiten advantages (masked, mean shifted to 0). AlpacaFarm and TRL: on. GRPO family: off.")
@@ -109,6 +112,7 @@ class PPOConfig:
     grpo_scale: str = _f("group", "Group-advantage scale: 'group' (divide by group std, DeepSeekMath), 'batch' (batch std), 'none' (Dr. GRPO).")
     grpo_eps: float = _f(1e-4, "Epsilon added to the std in group-advantage scaling (nano-aha-moment: 1e-4); a group of equal scores gets advantage 0.")
     reinforce_baseline: bool = _f(False, "For advantage_estimator='reinforce': subtract the batch-mean score.")
+    rft_min_score: float = _f(1.0, "For advantage_estimator='rft' (rejection-sampling fine-tuning / expert iteration, e.g. STaR, RAFT): keep (advantage 1) the responses whose sequence score is at least this, drop the rest (advantage 0). 1.0 keeps exactly the correct answers of a 0/1 verifiable reward.")
 
     # ------------------------------------------------------------------ the update
     ppo_epochs: int = _f(4, "Passes over each rollout batch (GRPO's num_iterations). AlpacaFarm 2, TRL 4. With 1 epoch and 1 minibatch the ratio is exactly 1 and clipping never fires.")
@@ -213,7 +217,7 @@ class PPOConfig:
         for name in ("temperature", "lr", "adam_eps", "cliprange", "kl_target"):
             if not getattr(self, name) > 0:
                 bad(name, "must be > 0")
-        for name in ("kl_coef", "vf_coef", "entropy_coef", "weight_decay", "length_reward_coef", "grpo_eps",
+        for name in ("kl_coef", "vf_coef", "entropy_coef", "weight_decay", "length_reward_coef", "format_reward_coef", "grpo_eps",
                      "missing_eos_penalty"):
             if getattr(self, name) < 0:
                 bad(name, "must be >= 0")
@@ -229,7 +233,9 @@ class PPOConfig:
             bad("top_k", "must be >= 0 (0 = off)")
         if not 0 <= self.seed <= MAX_SEED:
             bad("seed", f"must be in [0, {MAX_SEED}] (torch's generators take a 64-bit seed)")
-        for name in ("warmup_steps", "eval_every", "save_every", "log_samples", "keep_checkpoints"):
+        if self.warm_start_steps is not None and self.warm_start_steps < 1:
+            bad("warm_start_steps", "must be a positive integer or None")
+        for name in ("warmup_steps", "length_reward_warmup_steps", "eval_every", "save_every", "log_samples", "keep_checkpoints"):
             if getattr(self, name) < 0:
                 bad(name, "must be >= 0")
         if self.eval_size is not None and self.eval_size < 1:

@@ -17,7 +17,10 @@ token. Everything between those two lives here, in the order the training loop a
   which is kept as a toggle.
 - **Kimi k1.5 length reward** (`kimi_length_reward`, `group_kimi_length_reward`): within
   a group of answers to one prompt, reward short correct answers and penalise long ones,
-  asymmetrically for wrong answers.
+  asymmetrically for wrong answers; `length_reward_weight` switches it on only after a
+  warm-up (`length_reward_warmup_steps`), as Kimi k1.5 does.
+- **Format reward** (`format_reward`): a bonus for a well-formed response (answer marker
+  and stop token), DeepSeek R1's second rule-based reward next to accuracy.
 
 All functions are pure: tensors in, tensors out, plain numbers for settings.
 """
@@ -236,3 +239,41 @@ def group_kimi_length_reward(
     lengths_bg = rearrange(lengths, "(b g) -> b g", g=group_size)  # [B, G]
     correct_bg = rearrange(correct, "(b g) -> b g", g=group_size)  # [B, G]
     return rearrange(_kimi_length_lambda(lengths_bg, correct_bg), "b g -> (b g)")  # [B*G]
+
+
+def length_reward_weight(step: int, coef: float, warmup_steps: int = 0) -> float:
+    """The weight of the length reward at RL step `step` (counted from 0): 0 during the
+    warm-up, `coef` after it.
+
+    Kimi k1.5 found that a length penalty from the first step slows training down: the
+    policy is pushed to be brief before it can solve the problems. So the first
+    `warmup_steps` steps train on the task reward alone, and the penalty then switches on
+    at full, constant weight (a step, not a ramp).
+
+    >>> [length_reward_weight(step, 0.5, warmup_steps=2) for step in range(4)]
+    [0.0, 0.0, 0.5, 0.5]
+    """
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+    return coef if step >= warmup_steps else 0.0
+
+
+def format_reward(well_formed: torch.Tensor, coef: float) -> torch.Tensor:
+    """DeepSeek R1's format reward: `coef` for a well-formed response, 0 otherwise.
+
+    R1-Zero trained on two rule-based rewards: accuracy, and format (the reasoning inside
+    ``<think>`` tags). The format bonus pays for the structure the answer checker needs, so
+    a model that starts out writing unparseable text gets a signal before it is ever
+    correct. Here "well formed" is the task's own check (`Score.well_formed`: the answer
+    marker with a parseable answer, then EOS). It is added to the score before any group
+    statistics, so in a group where every response is well formed it cancels out of
+    group-relative advantages: it only teaches where the format varies.
+
+    Args:
+        well_formed: `[B]` bool.
+        coef: the bonus.
+
+    >>> format_reward(torch.tensor([True, False]), 0.5).tolist()
+    [0.5, 0.0]
+    """
+    return coef * well_formed.to(torch.float32)  # [B]

@@ -98,8 +98,16 @@ def sft_loss(model, input_ids, attention_mask, labels) -> torch.Tensor:
     return F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten(), ignore_index=-100)
 
 
-def train_sft(config: SFTConfig, output_dir: str | Path | None = None, progress: bool = True):
-    """Train the warm start from scratch; returns `(model, tokenizer)` (and saves if asked)."""
+def train_sft(config: SFTConfig, output_dir: str | Path | None = None, progress: bool = True,
+              stop_after: int | None = None):
+    """Train the warm start from scratch; returns `(model, tokenizer)` (and saves if asked).
+
+    `stop_after` ends the run after that many steps with the learning-rate schedule of the
+    full `config.steps` run unchanged: the result is the full run's own intermediate
+    checkpoint (same batches, same updates), not a shorter run with its own schedule.
+    """
+    if stop_after is not None and not 1 <= stop_after <= config.steps:
+        raise ValueError(f"stop_after must be in [1, {config.steps}] (SFTConfig.steps), got {stop_after}")
     torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
@@ -113,7 +121,7 @@ def train_sft(config: SFTConfig, output_dir: str | Path | None = None, progress:
         lambda step: min(1.0, (step + 1) / config.warmup_steps)
         * max(0.0, 1 - max(0, step - config.warmup_steps) / max(1, config.steps - config.warmup_steps)),
     )
-    bar = tqdm(range(config.steps), desc="SFT warm start", disable=not progress, dynamic_ncols=True)
+    bar = tqdm(range(stop_after or config.steps), desc="SFT warm start", disable=not progress, dynamic_ncols=True)
     for _ in bar:
         batch = demonstration_batch(tokenizer, task.sample_problems(config.batch_size, rng))
         loss = sft_loss(model, *batch)
@@ -149,36 +157,42 @@ def save_atomically(model, tokenizer, output_dir: Path, extra: dict | None = Non
 
 
 def warm_start(config: SFTConfig | None = None, cache_dir: str | Path | None = None,
-               progress: bool = True, force: bool = False) -> Path:
+               progress: bool = True, force: bool = False, stop_after: int | None = None) -> Path:
     """The directory of the cached SFT model for `config`, training it if needed.
 
     The directory also holds ``sft_info.json`` with the config, training time and the
-    held-out baseline metrics.
+    held-out baseline metrics. `stop_after` (PPOConfig.warm_start_steps) asks for the
+    run's checkpoint after that many steps, a weaker start cached next to the full one;
+    `stop_after == config.steps` is the full warm start itself.
     """
     config = config or SFTConfig()
     cache_dir = Path(cache_dir or DEFAULT_CACHE_DIR)
-    output_dir = cache_dir / "sft" / config.cache_key()
+    if stop_after == config.steps:
+        stop_after = None
+    name = config.cache_key() + (f"-step{stop_after}" if stop_after is not None else "")
+    output_dir = cache_dir / "sft" / name
     if (output_dir / "sft_info.json").is_file() and not force:
         return output_dir
     # Several runs of a sweep may start at once on a fresh machine: one trains, the others
     # wait on the lock and then find the finished checkpoint.
     output_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(output_dir.parent / f"{config.cache_key()}.lock", "w") as lock:
+    with open(output_dir.parent / f"{name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             if (output_dir / "sft_info.json").is_file() and not force:
                 return output_dir
-            return _train_and_save(config, output_dir, progress)
+            return _train_and_save(config, output_dir, progress, stop_after)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _train_and_save(config: SFTConfig, output_dir: Path, progress: bool) -> Path:
+def _train_and_save(config: SFTConfig, output_dir: Path, progress: bool, stop_after: int | None = None) -> Path:
     start = time.perf_counter()
-    model, tokenizer = train_sft(config, progress=progress)
+    model, tokenizer = train_sft(config, progress=progress, stop_after=stop_after)
     train_seconds = time.perf_counter() - start
     metrics = evaluate(model, tokenizer, config.task(), config.max_new_tokens, seed=config.seed)
     info = {"config": json.loads(json.dumps(asdict(config), default=list)),
+            "steps_trained": stop_after or config.steps,
             "train_seconds": train_seconds, "eval": metrics}
     save_atomically(model, tokenizer, output_dir, extra={"sft_info.json": info})
     return output_dir
@@ -194,12 +208,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=SFTConfig.steps)
     parser.add_argument("--cache-dir", default=None, help=f"default: {DEFAULT_CACHE_DIR}")
     parser.add_argument("--force", action="store_true", help="retrain even if a cached model exists")
+    parser.add_argument("--stop-after", type=int, default=None,
+                        help="the run's checkpoint after this many steps (PPOConfig.warm_start_steps)")
     args = parser.parse_args(argv)
     config = SFTConfig(seed=args.seed, steps=args.steps)
-    model_dir = warm_start(config, cache_dir=args.cache_dir, force=args.force)
+    model_dir = warm_start(config, cache_dir=args.cache_dir, force=args.force, stop_after=args.stop_after)
     info = load_sft_info(model_dir)
     print(f"SFT warm start: {model_dir}")
-    print(f"trained in {info['train_seconds']:.1f}s ({config.steps} steps, seed {config.seed})")
+    print(f"trained in {info['train_seconds']:.1f}s ({info.get('steps_trained', config.steps)} of {config.steps} "
+          f"steps, seed {config.seed})")
     print(f"held-out set: {len(config.task().eval_problems())} problems, levels {list(config.levels)} "
           "(operands, digits)")
     print(format_eval(info["eval"]))

@@ -51,7 +51,8 @@ from .lora import AdapterDisabledReference, apply_lora, load_policy_weights, sav
 from .policy import (declared_stop_token_ids, disable_dropout, enable_gradient_checkpointing, load_policy,
                      resolve_max_prompt_length, scoring_mode)
 from .precision import cast_master_weights, clip_grad_norms, master_dtype, prepare_frozen, step_optimizers
-from .rewards import apply_missing_eos, clip_scores, group_kimi_length_reward, shape_rewards, whiten_rewards
+from .rewards import (apply_missing_eos, clip_scores, format_reward, group_kimi_length_reward, length_reward_weight,
+                      shape_rewards, whiten_rewards)
 from .rollout import Rollout, decode_responses, generate
 from .tasks import ArithmeticTask, CustomTask, GSM8KTask
 
@@ -146,7 +147,7 @@ class RLTrainer:
 
                 # The main process builds (or finds) the cached warm start; the others wait for it.
                 if distributed.is_main_process():
-                    model_path = str(warm_start(progress=config.progress))
+                    model_path = str(warm_start(progress=config.progress, stop_after=config.warm_start_steps))
                 model_path = distributed.broadcast_object(model_path if distributed.is_main_process() else None)
             self.model_path = model_path
             policy, tokenizer = load_policy(model_path, dropout=not config.disable_dropout,
@@ -240,6 +241,7 @@ class RLTrainer:
             finite = guards.check_scores(raw_scores, [p.prompt for p in problems], texts, self._score_source(),
                                          drop=cfg.nonfinite_rewards == "drop")  # [B]
             raw_scores = guards.drop_nonfinite_scores(raw_scores, finite, cfg.group_size)  # [B]
+            well_formed = torch.tensor([s.well_formed for s in score_objects], device=self.device)  # [B]
 
         # ---- 3. old log-probs, reference log-probs, values (no autograd) ---------------
         temperature = cfg.temperature if cfg.scale_logits_by_temperature else 1.0
@@ -270,9 +272,11 @@ class RLTrainer:
         with timer("rewards"):
             scores = apply_missing_eos(raw_scores, rollout.has_eos, cfg.missing_eos,
                                        cfg.missing_eos_penalty, cfg.missing_eos_value)  # [B]
-            if cfg.length_reward_coef > 0:
-                scores = scores + cfg.length_reward_coef * group_kimi_length_reward(
+            length_coef = length_reward_weight(self.step, cfg.length_reward_coef, cfg.length_reward_warmup_steps)
+            if length_coef > 0:
+                scores = scores + length_coef * group_kimi_length_reward(
                     rollout.response_lengths.float(), correct, cfg.group_size)
+            scores = scores + format_reward(well_formed, cfg.format_reward_coef)
             scores = clip_scores(scores, cfg.reward_clip)
             kl_in_reward = cfg.kl_placement == "reward" and ref_logprobs is not None
             token_rewards = shape_rewards(scores, kl, response_mask, beta, kl_in_reward=kl_in_reward)  # [B, T]
@@ -286,6 +290,7 @@ class RLTrainer:
                 cfg.advantage_estimator, token_rewards=token_rewards, response_mask=response_mask, values=values,
                 group_size=cfg.group_size, gamma=cfg.gamma, lam=cfg.lam, grpo_scale=cfg.grpo_scale,
                 grpo_eps=cfg.grpo_eps, reinforce_baseline=cfg.reinforce_baseline,
+                rft_min_score=cfg.rft_min_score,
                 reduce_sum=distributed.global_sum)  # [B, T] each; batch statistics over all ranks
             if cfg.whiten_advantages and not cfg.whiten_advantages_per_minibatch:
                 advantages = whiten(advantages, response_mask, reduce_sum=distributed.global_sum)
@@ -337,6 +342,7 @@ class RLTrainer:
             means.add(name, values_, None if mask is None else torch.as_tensor(mask, device=values_.device))
         if rollout.prompt_truncated is not None:
             means.add("prompt_truncated_frac", rollout.prompt_truncated.float())
+        means.add("well_formed_rate", well_formed.float())
         if self.reward_model is not None:
             means.add("gold_score", task_scores)
         if values is not None:
@@ -349,7 +355,7 @@ class RLTrainer:
         for phase, seconds in timer.seconds.items():
             means.add(f"time_{phase}", torch.tensor([seconds]))
         means.add("time_step", torch.tensor([time.perf_counter() - step_start]))
-        metrics = {"step": self.step + 1, **means.result(), "kl_coef": beta,
+        metrics = {"step": self.step + 1, **means.result(), "kl_coef": beta, "length_reward_coef": length_coef,
                    "lr": self.policy_optimizer.param_groups[0]["lr"], **update_metrics}
         if cfg.retire_mastered:
             metrics["retired_prompts"] = len(self.prompt_pool.retired)

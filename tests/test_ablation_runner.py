@@ -80,6 +80,15 @@ def test_completed_runs_are_skipped(tmp_path, fake_launch):
     assert fake_launch == [] and len(again.skipped) == 4
 
 
+def test_threads_can_be_set_for_a_shared_machine(tmp_path, fake_launch):
+    sweep = tmp_path / "sweep"
+    run_sweep([tiny_ablation(tmp_path)], sweep, seeds=1, workers=1, threads=1, progress=False)
+    written = yaml.safe_load((sweep / "toy" / "a" / "seed1" / "requested_config.yaml").read_text())
+    assert written["threads"] == 1
+    with pytest.raises(ValueError, match="threads"):
+        run_sweep([tiny_ablation(tmp_path)], tmp_path / "other", seeds=1, workers=1, threads=0, progress=False)
+
+
 def test_partial_run_is_cleared_or_resumed(tmp_path, fake_launch):
     ablation = tiny_ablation(tmp_path)
     sweep = tmp_path / "sweep"
@@ -260,6 +269,8 @@ def test_run_command_sweeps_then_reports(tmp_path, capsys, monkeypatch):
     assert main(["run", name, "--seeds", "2", "--steps", "5", "--workers", "2"]) == 0
     assert calls["names"] == [name] and calls["sweep_dir"] == Path("sweeps") / name
     assert (calls["seeds"], calls["steps"], calls["workers"]) == (2, 5, 2) and calls["reuse"] is True
+    assert calls["threads"] is None
+    assert main(["run", name, "--workers", "1", "--threads", "1"]) == 0 and calls["threads"] == 1
     out = capsys.readouterr().out
     assert "| variant | accuracy |" in out
     assert str(Path("sweeps") / name / "report.md") in out and str(Path("sweeps") / name / "plots") in out

@@ -21,7 +21,7 @@ from ppo.config import PRESETS, TESTBED_ADJUSTMENTS, TESTBED_SCALE, PPOConfig
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
 CATALOGUE = DOCS / "implementation-details.md"
-DOC_FILES = [CATALOGUE, DOCS / "reading-guide.md"]
+DOC_FILES = [CATALOGUE, DOCS / "reading-guide.md", DOCS / "exercises.md", DOCS / "derivations.md"]
 
 FIELD_NAMES = [f.name for f in fields(PPOConfig)]
 COLUMNS = ("field", "what", "why", "source", "alpacafarm", "trl", "where")

@@ -222,7 +222,7 @@ def run(name, **kwargs):
 
 
 def test_registry_has_the_builtin_estimators():
-    assert {"gae", "grpo", "dr_grpo", "rloo", "reinforce"} <= set(ADVANTAGE_ESTIMATORS)
+    assert {"gae", "grpo", "dr_grpo", "rloo", "reinforce", "rft"} <= set(ADVANTAGE_ESTIMATORS)
 
 
 def test_grpo_broadcasts_to_tokens_and_zeroes_padding():
@@ -255,6 +255,31 @@ def test_reinforce_with_and_without_baseline():
     # batch mean score = 5/4 = 1.25 -> [-0.25, -1.25, 1.75, -0.25]
     advantages, _ = run("reinforce", reinforce_baseline=True)
     assert_close(advantages, [[-0.25, -0.25, -0.25], [-1.25, -1.25, 0], [1.75, 1.75, 0], [-0.25, -0.25, -0.25]])
+
+
+def test_rft_keeps_responses_at_or_above_the_threshold():
+    # sequence scores [1, 0, 3, 1]: threshold 1 keeps rows 0, 2, 3 with advantage 1, no baseline
+    advantages, returns = run("rft")
+    assert_close(advantages, [[1, 1, 1], [0, 0, 0], [1, 1, 0], [1, 1, 1]])
+    assert torch.equal(returns, advantages)
+    # threshold 2 keeps only the score-3 response; padding stays 0
+    assert_close(run("rft", rft_min_score=2.0)[0], [[0, 0, 0], [0, 0, 0], [1, 1, 0], [0, 0, 0]])
+
+
+def test_rft_with_one_update_is_sft_on_the_kept_samples():
+    """With ratio 1 the policy-gradient loss of RFT advantages has the gradient of the SFT
+    cross-entropy summed over kept tokens (divided by all tokens under token_mean)."""
+    from ppo.losses import policy_loss
+
+    logprobs = torch.tensor([[-1.0, -2.0], [-0.5, -0.3]], requires_grad=True)
+    mask = torch.ones(2, 2)
+    advantages, _ = estimate_advantages("rft", token_rewards=t([[0, 1], [0, 0]]), response_mask=mask)
+    loss, _ = policy_loss(logprobs, logprobs.detach(), advantages, mask, loss_agg="token_mean")
+    loss.backward()
+    sft_logprobs = logprobs.detach().clone().requires_grad_(True)
+    (-(sft_logprobs[0].sum()) / 4).backward()
+    assert torch.allclose(logprobs.grad, sft_logprobs.grad)
+    assert logprobs.grad[1].abs().sum() == 0  # the rejected response gets no gradient at all
 
 
 def test_gae_estimator_matches_compute_gae_and_needs_values():

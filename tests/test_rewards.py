@@ -6,8 +6,10 @@ import torch
 from ppo.rewards import (
     apply_missing_eos,
     clip_scores,
+    format_reward,
     group_kimi_length_reward,
     kimi_length_reward,
+    length_reward_weight,
     shape_rewards,
     whiten_rewards,
 )
@@ -150,3 +152,36 @@ def test_group_kimi_uses_per_group_min_and_max():
 def test_group_kimi_rejects_bad_group_size():
     with pytest.raises(ValueError, match="group_size"):
         group_kimi_length_reward(torch.tensor([1, 2, 3]), torch.ones(3, dtype=torch.bool), 2)
+
+
+# ---------------------------------------------------------------------- length-reward warm-up
+def test_length_reward_is_off_during_warmup_then_constant():
+    weights = [length_reward_weight(step, 0.5, warmup_steps=3) for step in range(6)]
+    assert weights == [0.0, 0.0, 0.0, 0.5, 0.5, 0.5]
+
+
+def test_length_reward_without_warmup_is_on_from_step_zero():
+    assert length_reward_weight(0, 0.5, warmup_steps=0) == 0.5
+    with pytest.raises(ValueError, match="warmup_steps"):
+        length_reward_weight(0, 0.5, warmup_steps=-1)
+
+
+# ---------------------------------------------------------------------- format reward
+def test_format_reward_pays_only_well_formed_responses():
+    out = format_reward(torch.tensor([True, False, True]), 0.25)
+    assert out.tolist() == [0.25, 0.0, 0.25]
+    assert format_reward(torch.tensor([True, False]), 0.0).tolist() == [0.0, 0.0]
+
+
+def test_format_reward_cancels_in_a_group_that_is_all_well_formed():
+    """Added before group statistics, a bonus every sample gets changes no advantage."""
+    from gae import group_advantages
+
+    accuracy = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 0.0, 0.0])
+    all_formed = accuracy + format_reward(torch.ones(8, dtype=torch.bool), 0.5)
+    assert torch.allclose(group_advantages(all_formed, 4), group_advantages(accuracy, 4))
+    # In a group of all-wrong answers where only some are well formed, the bonus is the only signal.
+    wrong = torch.zeros(4)
+    mixed = wrong + format_reward(torch.tensor([True, False, True, False]), 0.5)
+    assert (group_advantages(wrong, 4) == 0).all()
+    assert group_advantages(mixed, 4).tolist() == pytest.approx([1.0, -1.0, 1.0, -1.0], abs=1e-3)

@@ -63,3 +63,27 @@ def test_sft_config_validation():
         SFTConfig(steps=0)
     with pytest.raises(ValueError, match="SFTConfig.lr"):
         SFTConfig(lr=-1.0)
+
+
+def test_stop_after_is_the_full_runs_intermediate_checkpoint(tmp_path):
+    """`stop_after` keeps the full run's schedule: stopping at the last step is the full run,
+    stopping earlier is a different (less trained) model."""
+    full, _ = train_sft(SFTConfig(seed=3, **SMALL), progress=False)
+    at_end, _ = train_sft(SFTConfig(seed=3, **SMALL), progress=False, stop_after=4)
+    early, _ = train_sft(SFTConfig(seed=3, **SMALL), progress=False, stop_after=2)
+    same = lambda a, b: all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))  # noqa: E731
+    assert same(full, at_end)
+    assert not same(full, early)
+    with pytest.raises(ValueError, match="stop_after"):
+        train_sft(SFTConfig(seed=3, **SMALL), progress=False, stop_after=5)
+
+
+def test_warm_start_caches_an_earlier_checkpoint_separately(tmp_path):
+    from ppo.sft import load_sft_info
+
+    config = SFTConfig(seed=1, max_new_tokens=8, **SMALL)
+    full = warm_start(config, cache_dir=tmp_path, progress=False)
+    weak = warm_start(config, cache_dir=tmp_path, progress=False, stop_after=2)
+    assert weak != full and weak.name.endswith("-step2")
+    assert load_sft_info(weak)["steps_trained"] == 2 and load_sft_info(full)["steps_trained"] == 4
+    assert warm_start(config, cache_dir=tmp_path, progress=False, stop_after=4) == full

@@ -157,3 +157,53 @@ def test_top_k_one_is_greedy(tmp_path, tiny_model_dir):
     metrics = run.train_step()
     # with top_k=1 every sample of a group is the same greedy response: rewards are equal
     assert metrics["advantage_abs_mean"] == 0.0
+
+
+def _spy_rewards(monkeypatch):
+    """Record the rollout and the per-token rewards each train_step hands to the estimator."""
+    import ppo.trainer as trainer_module
+
+    seen = {}
+    real_generate, real_estimate = trainer_module.generate, trainer_module.estimate_advantages
+
+    def spy_generate(*args, **kwargs):
+        seen["rollout"] = real_generate(*args, **kwargs)
+        return seen["rollout"]
+
+    def spy_estimate(name, **kwargs):
+        seen["token_rewards"] = kwargs["token_rewards"].detach().clone()
+        return real_estimate(name, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "generate", spy_generate)
+    monkeypatch.setattr(trainer_module, "estimate_advantages", spy_estimate)
+    return seen
+
+
+def test_format_reward_adds_the_bonus_to_well_formed_responses(tmp_path, tiny_model_dir, monkeypatch):
+    # The custom task's answers always "have an answer", so well formed = ended with EOS.
+    seen = _spy_rewards(monkeypatch)
+    scores = {}
+    for coef in (0.0, 0.5):
+        run = trainer(tmp_path / str(coef), tiny_model_dir, advantage_estimator="grpo", group_size=4, kl_coef=0.0,
+                      format_reward_coef=coef, response_length=24)
+        metrics = run.train_step()
+        scores[coef] = seen["token_rewards"].sum(-1)
+    has_eos = seen["rollout"].has_eos.float()  # same seed, same model: the same rollout both times
+    assert 0 < has_eos.sum() < len(has_eos)
+    assert torch.allclose(scores[0.5] - scores[0.0], 0.5 * has_eos)
+    assert metrics["well_formed_rate"] == pytest.approx(float(has_eos.mean()))
+
+
+def test_length_reward_warmup_switches_it_on_after_the_warmup(tmp_path, tiny_model_dir):
+    run = trainer(tmp_path, tiny_model_dir, advantage_estimator="grpo", group_size=4, total_steps=3,
+                  length_reward_coef=0.5, length_reward_warmup_steps=2)
+    assert [run.train_step()["length_reward_coef"] for _ in range(3)] == [0.0, 0.0, 0.5]
+
+
+def test_rft_trains_only_on_kept_samples(tmp_path, tiny_model_dir):
+    # count_ones >= 1 keeps responses with a "1"; the advantage is 1 on them and 0 elsewhere.
+    run = trainer(tmp_path, tiny_model_dir, advantage_estimator="rft", group_size=4, kl_coef=0.0,
+                  whiten_advantages=False, response_length=24)
+    metrics = run.train_step()
+    assert run.value_model is None
+    assert 0.0 <= metrics["advantage_mean"] <= 1.0 and metrics["advantage_abs_mean"] == metrics["advantage_mean"]

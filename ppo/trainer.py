@@ -326,10 +326,25 @@ class RLTrainer:
         for scheduler in self.schedulers:
             scheduler.step()
 
-        # ---- metrics: means over the global batch ----------------------------------------
+        # ---- metrics: means over the global batch (all ranks) ------------------------------
+        metrics = self._step_metrics(
+            rollout=rollout, problems=problems, texts=texts, raw_scores=raw_scores, task_scores=task_scores,
+            correct=correct, finite=finite, well_formed=well_formed, token_rewards=token_rewards, kl=kl, kl_k1=kl_k1,
+            has_ref=ref_logprobs is not None, old_logprobs=old_logprobs, response_mask=response_mask,
+            advantages=advantages, values=values, returns=returns, kept=kept,
+            scalars={"kl_coef": beta, "length_reward_coef": length_coef, **update_metrics},
+            timer=timer, step_start=step_start)
+        self.step += 1
+        return metrics
+
+    def _step_metrics(self, *, rollout, problems, texts, raw_scores, task_scores, correct, finite, well_formed,
+                      token_rewards, kl, kl_k1, has_ref, old_logprobs, response_mask, advantages, values, returns, kept,
+                      scalars, timer, step_start) -> dict:
+        """This step's metrics, each a mean over the global batch (one all-reduce for all of
+        them), plus the decoded samples of every rank for samples.jsonl."""
+        cfg = self.config
         means = distributed.GlobalMeans()
         lengths = rollout.response_lengths.float()  # [B]
-        has_ref = ref_logprobs is not None
         for name, values_, mask in (
                 ("score", raw_scores, None), ("reward", token_rewards.sum(-1), None), ("accuracy", correct.float(), None),
                 ("kl", kl.sum(-1), None if has_ref else 0.0), ("kl_k1", kl_k1.sum(-1), None if has_ref else 0.0),
@@ -337,12 +352,11 @@ class RLTrainer:
                 ("response_length_correct", lengths, correct), ("response_length_incorrect", lengths, ~correct),
                 ("eos_rate", rollout.has_eos.float(), None), ("advantage_mean", advantages, response_mask),
                 ("advantage_abs_mean", advantages.abs(), response_mask),
-                ("dropped_sample_frac", (~finite).float(), None)):
+                ("dropped_sample_frac", (~finite).float(), None), ("well_formed_rate", well_formed.float(), None)):
             # With beta = 0 there is no reference model, so the KL is not measured (NaN), not 0.
             means.add(name, values_, None if mask is None else torch.as_tensor(mask, device=values_.device))
         if rollout.prompt_truncated is not None:
             means.add("prompt_truncated_frac", rollout.prompt_truncated.float())
-        means.add("well_formed_rate", well_formed.float())
         if self.reward_model is not None:
             means.add("gold_score", task_scores)
         if values is not None:
@@ -355,8 +369,8 @@ class RLTrainer:
         for phase, seconds in timer.seconds.items():
             means.add(f"time_{phase}", torch.tensor([seconds]))
         means.add("time_step", torch.tensor([time.perf_counter() - step_start]))
-        metrics = {"step": self.step + 1, **means.result(), "kl_coef": beta, "length_reward_coef": length_coef,
-                   "lr": self.policy_optimizer.param_groups[0]["lr"], **update_metrics}
+        metrics = {"step": self.step + 1, **means.result(), **scalars,
+                   "lr": self.policy_optimizer.param_groups[0]["lr"]}
         if cfg.retire_mastered:
             metrics["retired_prompts"] = len(self.prompt_pool.retired)
         metrics.update(self._per_level_advantage(problems, advantages, response_mask))
@@ -369,7 +383,6 @@ class RLTrainer:
             for p, t, s, c, e in list(zip(problems, texts, raw_scores.tolist(), correct.tolist(),
                                           rollout.has_eos.tolist()))[: cfg.log_samples]
         ])
-        self.step += 1
         return metrics
 
     def _update(self, buffer: ExperienceBuffer, beta: float, temperature: float) -> dict:

@@ -10,7 +10,9 @@ so ``python -c "from ppo.config import PRESETS; print(PRESETS['alpacafarm'])"`` 
 exactly what a preset changes. `TESTBED_SCALE` shrinks batch sizes and step counts for the
 CPU testbed without touching algorithmic settings (see `preset(..., testbed=True)`).
 
-Validation (`PPOConfig.validate`) runs on construction and names the bad field.
+Validation (`PPOConfig.validate`) runs on construction and names the bad field; one rule
+rejects NaN and infinity in every float field. `RESUMABLE_FIELDS` lists the fields a resumed
+run may change (docs/reliability.md).
 """
 
 from __future__ import annotations

@@ -107,7 +107,7 @@ class PPOConfig:
     cliprange_value: float | None = _f(0.2, "Value clipping around the old values; None = off. AlpacaFarm and TRL: 0.2.")
     vf_coef: float = _f(0.1, "Weight of the value loss. AlpacaFarm and TRL: 0.1.")
     entropy_coef: float = _f(0.0, "Entropy bonus weight. AlpacaFarm and TRL: 0.")
-    loss_agg: str = _f("token_mean", "Loss aggregation: 'token_mean' (PPO), 'seq_mean_token_mean' (GRPO's per-sequence length normalisation), 'seq_mean_token_sum_norm' (Dr. GRPO).")
+    loss_agg: str = _f("token_mean", "Loss aggregation: 'token_mean' (PPO as AlpacaFarm and TRL; DAPO's token-level loss), 'seq_mean_token_mean' (GRPO's per-sequence length normalisation), 'seq_mean_token_sum_norm' (Dr. GRPO).")
     target_kl: float | None = _f(None, "Stop the update of a step (remaining minibatches and epochs) once a minibatch's approx KL (mean of 0.5*(logp-old)^2) to the rollout policy exceeds this; None = off. Like cleanrl's target_kl, but cleanrl checks once per epoch with its (ratio-1)-log(ratio) estimator of the last minibatch.")
     mask_truncated_responses: bool = _f(False, "Drop responses that hit response_length without EOS from the loss (DAPO's overlong filtering).")
 

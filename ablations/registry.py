@@ -105,6 +105,14 @@ register(
     metric="accuracy", extra_metrics=("response_length_incorrect", "kl_k1", "advantage_abs_mean", "vf_loss"),
 )
 register(
+    "reward_whitening_scope",
+    "Reward whitening as AlpacaFarm does it (padding whitened and fed through GAE) vs its statistics only vs masked.",
+    [Variant("alpacafarm", PPO, {"whiten_rewards_over_padding": "alpacafarm"}),
+     Variant("stats", PPO, {"whiten_rewards_over_padding": "stats"}),
+     Variant("masked", PPO, {"whiten_rewards_over_padding": "masked"})],
+    metric="accuracy", extra_metrics=("response_length", "response_length_incorrect", "kl_k1", "vf_loss"),
+)
+register(
     "value_clip",
     "Does clipping the value update around the old values help the critic?",
     [Variant("clip_0.2", PPO, {"cliprange_value": 0.2}), Variant("no_clip", PPO, {"cliprange_value": None})],
@@ -178,10 +186,16 @@ register(
 )
 register(
     "difficulty_filter",
-    "Dropping groups every sample solved (or none did): fewer wasted groups, better accuracy per sample?",
+    "Training only on groups some but not all samples solved: masked (old), renormalised, or resampled (DAPO)?",
     [Variant("off", GRPO, {"difficulty_filter": False}),
-     Variant("on", GRPO, {"difficulty_filter": True, "retire_mastered": True})],
-    metric="zero_advantage_group_frac_kept", extra_metrics=("zero_advantage_group_frac", "kept_group_frac", "accuracy"),
+     Variant("mask", GRPO, {"difficulty_filter": True, "difficulty_filter_mode": "mask", "retire_mastered": True}),
+     Variant("renormalize", GRPO, {"difficulty_filter": True, "difficulty_filter_mode": "renormalize",
+                                   "retire_mastered": True}),
+     Variant("resample", GRPO, {"difficulty_filter": True, "difficulty_filter_mode": "resample",
+                                "retire_mastered": True})],
+    metric="zero_advantage_group_frac_kept",
+    extra_metrics=("kept_group_frac", "sampling_rounds", "responses_generated", "samples_generated", "accuracy",
+                   "kl"),
 )
 
 # ---------------------------------------------------------------------- lecture ideas (20 steps: sized for a shared 2-core CPU)
@@ -242,9 +256,12 @@ register(
 )
 register(
     "adaptive_kl",
-    "Fixed beta vs the adaptive controller (Ziegler et al.) steering the KL to a target.",
+    "Fixed beta vs the adaptive controllers (Ziegler et al.; AlpacaFarm's per-step rule) steering the KL to a target.",
     [Variant("fixed", PPO, {"adaptive_kl": False, "kl_coef": 0.05}),
-     Variant("adaptive", PPO, {"adaptive_kl": True, "kl_coef": 0.05, "kl_target": 1.0, "kl_horizon": 2000})],
+     Variant("adaptive", PPO, {"adaptive_kl": True, "kl_coef": 0.05, "kl_target": 1.0, "kl_horizon": 2000,
+                               "kl_controller": "ziegler"}),
+     Variant("adaptive_alpacafarm", PPO, {"adaptive_kl": True, "kl_coef": 0.05, "kl_target": 1.0,
+                                          "kl_controller": "alpacafarm", "kl_k_beta": 0.1})],
     metric="kl_k1", extra_metrics=("kl_coef", "accuracy"),
 )
 register(
@@ -288,6 +305,12 @@ register(
     [Variant("keep", GRPO, {"response_length": 32, "mask_truncated_responses": False}),
      Variant("mask", GRPO, {"response_length": 32, "mask_truncated_responses": True})],
     metric="eos_rate", extra_metrics=("response_length", "accuracy"),
+)
+register(
+    "group_std_correction",
+    "Group std as a population std (nano-aha-moment) or a sample std (TRL, verl): advantages 0.935x at G = 8.",
+    [Variant("population", GRPO, {"grpo_std_correction": 0}), Variant("sample", GRPO, {"grpo_std_correction": 1})],
+    metric="accuracy", extra_metrics=("advantage_abs_mean", "kl"),
 )
 register(
     "group_estimators",

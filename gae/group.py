@@ -55,6 +55,7 @@ def group_advantages(
     scale: str = "group",
     eps: float = 1e-4,
     reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    std_correction: int = 0,
 ) -> torch.Tensor:
     """Group-relative advantages: each score minus its group's mean, optionally scaled.
 
@@ -68,11 +69,16 @@ def group_advantages(
         scores: `[B*G]` one score per response, the G samples of a prompt contiguous.
         group_size: G.
         scale: ``"group"`` -> (s - mean_g) / (std_g + eps); ``"batch"`` -> (s - mean_g) /
-            (std_batch + eps); ``"none"`` -> s - mean_g. All stds are population stds.
+            (std_batch + eps); ``"none"`` -> s - mean_g.
         eps: keeps the division finite when a std is ~0.
         reduce_sum: for ``scale="batch"`` in a data-parallel run, sums over processes
             (`ppo.distributed.global_sum`) so the batch std is the whole batch's. Groups
             never span processes, so the group statistics need no reduction.
+        std_correction: Bessel correction of the *group* std (``"group"``): 0 = population
+            std (nano-aha-moment), 1 = sample std, dividing by G - 1 (TRL's GRPOTrainer and
+            verl's GRPO use torch.std's default). At G = 8 the sample std is sqrt(8/7) =
+            1.069 times larger, so every advantage is 1/1.069 = 0.935 times the population
+            form's. The batch std stays a population std.
 
     Returns:
         `[B*G]` advantages; exactly 0 for every group whose samples all scored the same.
@@ -96,7 +102,7 @@ def group_advantages(
     grouped = _grouped(scores, group_size)  # [B, G]
     centred = grouped - grouped.mean(dim=-1, keepdim=True)  # [B, G]
     if scale == "group":
-        group_std = grouped.std(dim=-1, correction=0, keepdim=True)  # [B, 1]
+        group_std = grouped.std(dim=-1, correction=std_correction, keepdim=True)  # [B, 1]
         advantages = centred / (group_std + eps)
     elif scale == "batch":
         batch_std = batch_population_std(scores, reduce_sum)  # scalar, over all B*G scores

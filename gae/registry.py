@@ -65,6 +65,7 @@ def estimate_advantages(
     lam: float = 1.0,
     grpo_scale: str = "group",
     grpo_eps: float = 1e-4,
+    grpo_std_correction: int = 0,
     reinforce_baseline: bool = False,
     reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
     rft_min_score: float = 1.0,
@@ -80,7 +81,8 @@ def estimate_advantages(
         values: `[B, T]` critic values; required by ``"gae"`` only.
         group_size: G samples per prompt, contiguous in the batch (group estimators).
         gamma, lam: GAE discount and lambda.
-        grpo_scale, grpo_eps: `scale` and `eps` of `gae.group_advantages` for ``"grpo"``.
+        grpo_scale, grpo_eps, grpo_std_correction: `scale`, `eps` and `std_correction` of
+            `gae.group_advantages` for ``"grpo"``.
         reinforce_baseline: ``"reinforce"`` subtracts the batch mean score when True.
         reduce_sum: sums over data-parallel processes (`ppo.distributed.global_sum`), for
             the estimators that use batch statistics (``grpo_scale="batch"``, the REINFORCE
@@ -108,6 +110,7 @@ def estimate_advantages(
         lam=lam,
         grpo_scale=grpo_scale,
         grpo_eps=grpo_eps,
+        grpo_std_correction=grpo_std_correction,
         reinforce_baseline=reinforce_baseline,
         reduce_sum=reduce_sum,
         rft_min_score=rft_min_score,
@@ -150,12 +153,13 @@ def gae_estimator(*, token_rewards, response_mask, values=None, gamma=1.0, lam=1
 
 @register_advantage_estimator("grpo")
 def grpo_estimator(
-    *, token_rewards, response_mask, group_size=1, grpo_scale="group", grpo_eps=1e-4, reduce_sum=None, **kwargs
+    *, token_rewards, response_mask, group_size=1, grpo_scale="group", grpo_eps=1e-4, reduce_sum=None,
+    grpo_std_correction=0, **kwargs
 ):
     """GRPO (DeepSeekMath): group-normalised outcome advantage on every response token."""
     scores = _sequence_scores(token_rewards, response_mask)  # [B*G]
     sequence_advantages = group_advantages(scores, group_size, scale=grpo_scale, eps=grpo_eps,
-                                           reduce_sum=reduce_sum)  # [B*G]
+                                           reduce_sum=reduce_sum, std_correction=grpo_std_correction)  # [B*G]
     return _broadcast_to_tokens(sequence_advantages, response_mask)
 
 

@@ -60,3 +60,33 @@ class ExperienceBuffer:
                 minibatch = order[m * minibatch_size:(m + 1) * minibatch_size]
                 micro = [self.select(minibatch[k * micro_size:(k + 1) * micro_size]) for k in range(micro_batches)]
                 yield epoch, m, micro
+
+
+def accumulation_weights(loss_masks: list[torch.Tensor], loss_agg: str, skip_empty_rows: bool = False,
+                         reduce_sum=None) -> tuple[list[float], list[float]]:
+    """Per micro-batch weights that make gradient accumulation exact: `(policy, value)`.
+
+    Each micro-batch's loss is an average over its own units (tokens or sequences, see
+    `ppo.losses.loss_units`); weighting it by its share of the minibatch's units turns the
+    sum of the weighted micro-batch losses into the average over the whole minibatch, in
+    every aggregation mode. The policy-side terms (surrogate, KL in the loss, entropy) use
+    `loss_agg`; the critic's loss is always a token mean, so it needs token shares even when
+    the policy loss is a mean over sequences (a uniform 1/k there is off by the
+    micro-batches' differing token counts). `reduce_sum` (`ppo.distributed.global_sum`)
+    counts the units over every data-parallel process, so the weights are shares of the
+    *global* minibatch.
+
+    Worked example, two micro-batches with 3 and 1 loss tokens in one row each, under
+    `seq_mean_token_mean`: policy weights [0.5, 0.5] (one sequence each), value weights
+    [0.75, 0.25] (token shares).
+    """
+    from .losses import loss_units
+
+    reduce_sum = reduce_sum or (lambda total: total)
+
+    def shares(mode: str, skip: bool) -> list[float]:
+        units = [loss_units(mask, mode, skip) for mask in loss_masks]
+        total = float(reduce_sum(torch.stack(units).sum()))
+        return [float(u) / max(total, 1.0) for u in units]
+
+    return shares(loss_agg, skip_empty_rows), shares("token_mean", False)

@@ -37,6 +37,9 @@ MAX_SEED = 2**63 - 1
 RESUMABLE_FIELDS = ("total_steps", "output_dir", "device", "threads", "progress", "eval_every", "save_every",
                     "keep_checkpoints", "log_samples")
 LOSS_AGG_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+REWARD_WHITENING_MODES = ("masked", "stats", "alpacafarm")  # ppo/rewards.py whiten_rewards
+KL_CONTROLLER_NAMES = ("ziegler", "alpacafarm")  # ppo/kl.py make_kl_controller
+DIFFICULTY_FILTER_MODES = ("resample", "renormalize", "mask")  # ppo/filtering.py
 
 
 def _f(default: Any, help: str, **kwargs) -> Any:
@@ -82,7 +85,7 @@ class PPOConfig:
     stop_token_ids: list[int] | None = _f(None, "Token ids that end a response. None = every EOS id the checkpoint declares (tokenizer eos, generation_config.eos_token_id, config.eos_token_id): instruct models list several end-of-turn ids.")
     max_prompt_length: int | None = _f(None, "Longest prompt in tokens (BOS included); None = the model's context minus response_length. prompt + response must fit the model's positions (checked at start).")
     prompt_truncation: str = _f("left", "A prompt over max_prompt_length: 'left' drops its oldest tokens (keeps BOS and the question's end; TRL's truncation_side), 'right' drops its end, 'error' refuses it with an error naming max_prompt_length.")
-    logprobs_from_generation: bool = _f(False, "Take old log-probs from the generation logits instead of a teacher-forced forward pass. Off (recompute) in AlpacaFarm and TRL; saves a forward pass but generation kernels can differ numerically.")
+    logprobs_from_generation: bool = _f(False, "Take old log-probs from the generation logits (divided by the temperature) instead of a teacher-forced forward pass. AlpacaFarm: off (recomputes); TRL's PPOTrainer: on (generation logits). Saves a forward pass but generation kernels can differ numerically.")
 
     # ------------------------------------------------------------------ rewards
     missing_eos: str = _f("none", "Responses without EOS: 'none' (keep score), 'penalty' (subtract missing_eos_penalty; TRL's missing_eos_penalty), 'replace' (score := missing_eos_value; N+ details, OpenAI lm-human-preferences).")
@@ -90,7 +93,7 @@ class PPOConfig:
     missing_eos_value: float = _f(-1.0, "Score assigned when missing_eos='replace'.")
     reward_clip: float | None = _f(None, "Clamp sequence scores to [-reward_clip, reward_clip]; None = off (AlpacaFarm and TRL: off).")
     whiten_rewards: bool = _f(False, "Whiten per-token rewards (shift_mean=False: scale only, mean kept) before GAE. AlpacaFarm: on; TRL: off.")
-    whiten_rewards_over_padding: bool = _f(False, "Compute reward-whitening statistics over the whole [B, T] tensor, padding zeros included, as AlpacaFarm does; False = masked statistics.")
+    whiten_rewards_over_padding: str = _f("masked", "Which positions reward whitening sees: 'masked' (statistics over real response tokens), 'stats' (statistics over the whole [B, T] tensor, padding zeros included, then padding zeroed again), 'alpacafarm' (AlpacaFarm exactly: the padded tensor is whitened and kept, so every padding position carries mean*(1 - 1/std), and GAE runs over all T columns, feeding those values into each real token's return: a length-dependent reward). Old configs' true/false read as 'stats'/'masked'.")
     nonfinite_rewards: str = _f("stop", "A NaN or infinite sequence score: 'stop' the run before the update (the newest checkpoint stays the last good one) or 'drop' those samples from the loss (their score becomes their group's finite mean) and count them in the metric dropped_samples.")
     length_reward_coef: float = _f(0.0, "Weight of Kimi k1.5's in-group length reward added to the score (needs group_size >= 2); 0 = off.")
     length_reward_warmup_steps: int = _f(0, "RL steps at the start with the length reward switched off (weight 0), then length_reward_coef: Kimi k1.5's warm-up, so the policy first learns to solve before it is pushed to be brief. 0 = on from the first step.")
@@ -101,7 +104,9 @@ class PPOConfig:
     kl_estimator: str = _f("k1", "Per-token KL estimator: k1 = logp - ref (AlpacaFarm, TRL), k2 = 0.5 (logp - ref)^2, k3 = exp(ref - logp) - (ref - logp) - 1 (GRPO), abs.")
     kl_clip_at_zero: bool = _f(False, "Clamp the per-token KL estimate at 0 (AlpacaFarm _shape_reward). Biased, but AlpacaFarm's runs blow up without it.")
     kl_placement: str = _f("reward", "'reward': -beta*KL added to per-token rewards (PPO, InstructGPT). 'loss': beta*KL added to the policy loss (GRPO).")
-    adaptive_kl: bool = _f(False, "Adaptive KL controller (Ziegler et al. 2019): beta moves toward kl_target over kl_horizon samples. AlpacaFarm and TRL: fixed.")
+    adaptive_kl: bool = _f(False, "Adapt beta toward kl_target with the controller named by kl_controller. AlpacaFarm's rlhf_ppo.sh and TRL: fixed.")
+    kl_controller: str = _f("ziegler", "Adaptive rule: 'ziegler' (Ziegler et al. 2019, TRL's AdaptiveKLController: beta *= 1 + clip(kl/target - 1, -0.2, 0.2) * samples / kl_horizon) or 'alpacafarm' (AlpacaFarm kl_controller.py: beta *= 1 + kl_k_beta * clip(kl/target - 1, -0.2, 0.2) once per step, no horizon).")
+    kl_k_beta: float = _f(0.1, "Gain of the 'alpacafarm' controller (AlpacaFarm ppo_utils.py k_beta: 0.1).")
     kl_target: float = _f(6.0, "Target sequence KL of the adaptive controller (Ziegler et al.: 6.0).")
     kl_horizon: int = _f(10000, "Horizon (in samples) of the adaptive controller (Ziegler et al.: 10000).")
 
@@ -112,38 +117,41 @@ class PPOConfig:
     whiten_advantages: bool = _f(True, "Whiten advantages (masked, mean shifted to 0). AlpacaFarm and TRL: on. GRPO family: off.")
     whiten_advantages_per_minibatch: bool = _f(False, "Whiten advantages per minibatch (OpenAI baselines/cleanrl) instead of once over the rollout batch (AlpacaFarm, TRL).")
     grpo_scale: str = _f("group", "Group-advantage scale: 'group' (divide by group std, DeepSeekMath), 'batch' (batch std), 'none' (Dr. GRPO).")
+    grpo_std_correction: int = _f(0, "Bessel correction of the group std: 0 = population std (nano-aha-moment), 1 = sample std (TRL GRPOTrainer, verl: torch.std's default). Sample std makes advantages smaller by sqrt((G-1)/G) (0.935 at G=8).")
     grpo_eps: float = _f(1e-4, "Epsilon added to the std in group-advantage scaling (nano-aha-moment: 1e-4); a group of equal scores gets advantage 0.")
     reinforce_baseline: bool = _f(False, "For advantage_estimator='reinforce': subtract the batch-mean score.")
     rft_min_score: float = _f(1.0, "For advantage_estimator='rft' (rejection-sampling fine-tuning / expert iteration, e.g. STaR, RAFT): keep (advantage 1) the responses whose sequence score is at least this, drop the rest (advantage 0). 1.0 keeps exactly the correct answers of a 0/1 verifiable reward.")
 
     # ------------------------------------------------------------------ the update
-    ppo_epochs: int = _f(4, "Passes over each rollout batch (GRPO's num_iterations). AlpacaFarm 2, TRL 4. With 1 epoch and 1 minibatch the ratio is exactly 1 and clipping never fires.")
+    ppo_epochs: int = _f(4, "Passes over each rollout batch (GRPO's num_iterations). AlpacaFarm 2, TRL 4. With 1 epoch and 1 minibatch, old log-probs recomputed by a forward pass and deterministic kernels, the ratio is exactly 1 and clipping never fires (from generation logits it is only close to 1).")
     num_minibatches: int = _f(1, "Shuffled minibatches per epoch (one optimizer step each). AlpacaFarm: 512/256 = 2; TRL: 1.")
-    gradient_accumulation_steps: int = _f(1, "Micro-batches per minibatch on each process (gradient accumulation); changes memory, not the math.")
+    gradient_accumulation_steps: int = _f(1, "Micro-batches per minibatch on each process (gradient accumulation); changes memory, not the math: each micro-batch's loss is weighted by its share of the minibatch's tokens or sequences, so the gradient equals one big minibatch's in every loss_agg (up to float rounding).")
     cliprange: float = _f(0.2, "PPO ratio clip epsilon (low side, and high side unless cliprange_high). AlpacaFarm and TRL: 0.2.")
     cliprange_high: float | None = _f(None, "Separate upper clip epsilon (DAPO's clip-higher, e.g. 0.28); None = symmetric.")
     dual_clip: float | None = _f(None, "Dual-clip constant c > 1 bounding the loss of negative-advantage tokens (Ye et al. 2020); None = off.")
     cliprange_value: float | None = _f(0.2, "Value clipping around the old values; None = off. AlpacaFarm and TRL: 0.2.")
     vf_coef: float = _f(0.1, "Weight of the value loss. AlpacaFarm and TRL: 0.1.")
     entropy_coef: float = _f(0.0, "Entropy bonus weight. AlpacaFarm and TRL: 0.")
-    loss_agg: str = _f("token_mean", "Loss aggregation: 'token_mean' (PPO), 'seq_mean_token_mean' (GRPO's per-sequence length normalisation), 'seq_mean_token_sum_norm' (Dr. GRPO).")
-    target_kl: float | None = _f(None, "Stop the update of a step (remaining minibatches and epochs) once a minibatch's approx KL to the rollout policy exceeds this; None = off (cleanrl's target_kl).")
+    loss_agg: str = _f("token_mean", "Loss aggregation: 'token_mean' (PPO as AlpacaFarm and TRL; DAPO's token-level loss), 'seq_mean_token_mean' (GRPO's per-sequence length normalisation), 'seq_mean_token_sum_norm' (Dr. GRPO).")
+    target_kl: float | None = _f(None, "Stop the update of a step (remaining minibatches and epochs) once a minibatch's approx KL (mean of 0.5*(logp-old)^2) to the rollout policy exceeds this; None = off. Like cleanrl's target_kl, but cleanrl checks once per epoch with its (ratio-1)-log(ratio) estimator of the last minibatch.")
     mask_truncated_responses: bool = _f(False, "Drop responses that hit response_length without EOS from the loss (DAPO's overlong filtering).")
 
     # ------------------------------------------------------------------ difficulty filtering (Kimi k1.5)
-    difficulty_filter: bool = _f(False, "Mask out of the loss the groups whose pass rate (mean correctness over the G samples) is outside (filter_min_pass_rate, filter_max_pass_rate). Kimi k1.5, DAPO dynamic sampling.")
+    difficulty_filter: bool = _f(False, "Train only on groups whose pass rate (mean correctness over the G samples) lies inside (filter_min_pass_rate, filter_max_pass_rate), the way difficulty_filter_mode says. Kimi k1.5, DAPO dynamic sampling. Needs the task's verdict, so not with a reward model.")
+    difficulty_filter_mode: str = _f("resample", "'resample' (DAPO's dynamic sampling: keep generating until the batch holds rollout_batch_size/G groups inside the band, at most dynamic_sampling_max_rounds rounds; the loss averages over kept groups), 'renormalize' (one round; filtered groups leave the loss and its denominator), 'mask' (one round; filtered groups are masked but still count in a seq_mean denominator, so the filter only rescales the gradient and drops their KL-loss term).")
+    dynamic_sampling_max_rounds: int = _f(4, "Cap on generation rounds per step for difficulty_filter_mode='resample' (verl's max_num_gen_batches); if the batch is still short, the last rounds' filtered groups fill it and are left out of the loss.")
     filter_min_pass_rate: float = _f(0.0, "Lower edge (exclusive) of the kept pass-rate band; 0 drops prompts no sample solved.")
     filter_max_pass_rate: float = _f(1.0, "Upper edge (exclusive) of the kept pass-rate band; 1 drops prompts every sample solved.")
     retire_mastered: bool = _f(False, "Never draw again a prompt that all G samples solved (Kimi k1.5 retires mastered problems).")
 
     # ------------------------------------------------------------------ optimisation
-    lr: float = _f(1e-5, "Policy learning rate. AlpacaFarm 1e-5, TRL 3e-6.")
+    lr: float = _f(1e-5, "Policy learning rate. AlpacaFarm 1e-5 (rlhf_ppo.sh). TRL v0.19 PPOConfig sets none, so TrainingArguments' 5e-5 applies (its examples/scripts/ppo/ppo.py passes 3e-6; the pre-0.12 PPOConfig defaulted to 1.41e-5).")
     value_lr: float | None = _f(None, "Value-model learning rate; None = lr.")
     separate_value_optimizer: bool = _f(True, "Give the value model its own AdamW (and value_lr). False = one optimizer over policy and value parameters, as AlpacaFarm and TRL.")
     adam_eps: float = _f(1e-5, "AdamW epsilon. AlpacaFarm 1e-5 (N+ details); torch default 1e-8.")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
-    warmup_steps: int = _f(0, "Linear learning-rate warmup, in RL steps (the schedule advances once per RL step, as AlpacaFarm). AlpacaFarm: 5.")
-    lr_schedule: str = _f("linear", "'linear' decay to 0 after warmup (AlpacaFarm, TRL) or 'constant'.")
+    warmup_steps: int = _f(0, "Linear learning-rate warmup, in RL steps (the schedule advances once per RL step, as AlpacaFarm): step s < warmup gets lr*s/warmup, so step 0 trains at lr 0. AlpacaFarm: 5.")
+    lr_schedule: str = _f("linear", "transformers' schedules: 'linear' (get_linear_schedule_with_warmup: piecewise, full lr at the end of warmup, then linear to 0 at total_steps; AlpacaFarm) or 'constant' (get_constant_schedule_with_warmup).")
     max_grad_norm: float | None = _f(1.0, "Gradient-norm clipping; None = off. AlpacaFarm 1.0.")
     disable_dropout: bool = _f(True, "Turn off dropout in policy, reference and value model so log-probs are deterministic (N+ details; AlpacaFarm, TRL).")
 
@@ -160,6 +168,8 @@ class PPOConfig:
     progress: bool = _f(True, "Show a progress bar.")
 
     def __post_init__(self):
+        if isinstance(self.whiten_rewards_over_padding, bool):  # configs written before it had three modes
+            self.whiten_rewards_over_padding = "stats" if self.whiten_rewards_over_padding else "masked"
         self._coerce_types()
         self.validate()
 
@@ -210,7 +220,8 @@ class PPOConfig:
                 bad(name, f"must be one of {list(options)}")
 
         for name in ("total_steps", "rollout_batch_size", "group_size", "response_length", "ppo_epochs",
-                     "num_minibatches", "gradient_accumulation_steps", "threads", "kl_horizon"):
+                     "num_minibatches", "gradient_accumulation_steps", "threads", "kl_horizon",
+                     "dynamic_sampling_max_rounds"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 bad(name, "must be a positive integer")
         for name in ("gamma", "lam"):
@@ -255,6 +266,17 @@ class PPOConfig:
         choice("nonfinite_rewards", ("stop", "drop"))
         choice("value_init", ("reward_model", "policy", "random"))
         choice("lr_schedule", ("linear", "constant"))
+        choice("whiten_rewards_over_padding", REWARD_WHITENING_MODES)
+        choice("kl_controller", KL_CONTROLLER_NAMES)
+        choice("difficulty_filter_mode", DIFFICULTY_FILTER_MODES)
+        if self.grpo_std_correction not in (0, 1):
+            bad("grpo_std_correction", "must be 0 (population std) or 1 (sample std)")
+        if self.reward_model_path and (self.difficulty_filter or self.retire_mastered or self.length_reward_coef > 0):
+            # The task's verdict is the hidden gold in RLHF: training may see only the proxy.
+            name = ("difficulty_filter" if self.difficulty_filter else
+                    "retire_mastered" if self.retire_mastered else "length_reward_coef")
+            bad(name, "uses the task's correctness verdict, which is the hidden gold reward when "
+                "reward_model_path is set (RLHF trains on the reward model only); turn it off")
         choice("device", ("auto", "cpu", "cuda"))
         choice("mixed_precision", ("no", "fp16", "bf16"))
         if self.rollout_batch_size % self.group_size:
@@ -430,7 +452,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         kl_clip_at_zero=True,  # _shape_reward: torch.clamp(kl, min=0.0)
         kl_placement="reward",
         whiten_rewards=True,  # whiten_rewards=True, shift_mean=False
-        whiten_rewards_over_padding=True,  # whitens the [B, T] tensor, padding included
+        whiten_rewards_over_padding="alpacafarm",  # whitens the padded [B, T] tensor, GAE over every column
+        kl_controller="alpacafarm",  # used when adaptive_kl: kl_controller.py, k_beta 0.1
+        kl_k_beta=0.1,
         whiten_advantages=True,
         gamma=1.0,
         lam=1.0,
@@ -452,9 +476,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         disable_dropout=True,
         value_init="reward_model",  # value model = reward model with a zeroed head
         logprobs_from_generation=False,  # old log-probs recomputed by a forward pass
+        # AlpacaFarm derives its steps from total_epochs x dataset size / rollout_batch_size;
+        # 250 is this preset's choice, not a value AlpacaFarm states.
         total_steps=250,
     ),
-    # TRL's last PPOConfig (trl/trainer/ppo_config.py before PPOTrainer was removed).
+    # TRL's PPOTrainer / PPOConfig as of v0.19 (trl/trainer/ppo_config.py, ppo_trainer.py;
+    # sampling settings from OnPolicyConfig in trl/trainer/utils.py).
     "trl_ppo": dict(
         kl_coef=0.05,
         kl_estimator="k1",
@@ -470,7 +497,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         ppo_epochs=4,
         num_minibatches=1,
         temperature=0.7,
-        lr=3e-6,
+        lr=3e-6,  # examples/scripts/ppo/ppo.py; PPOConfig itself inherits TrainingArguments' 5e-5
+        logprobs_from_generation=True,  # old log-probs from the generation logits / temperature
         separate_value_optimizer=False,
         adam_eps=1e-8,  # TRL used the torch default
         missing_eos="none",  # TRL's missing_eos_penalty defaults to None

@@ -6,9 +6,12 @@ nothing. Kimi k1.5 estimates each prompt's pass rate from best-of-n samples and 
 middle band; mastered problems are retired from the pool.
 
 Here the pass rate comes for free from the group itself: ``pass_rate = mean(correct)``
-over the G samples of a prompt. Groups outside ``(min_pass_rate, max_pass_rate)`` are
-masked out of the loss, and with ``retire_mastered`` a prompt that every sample solved is
-never drawn again in this run.
+over the G samples of a prompt. Groups outside ``(min_pass_rate, max_pass_rate)`` leave the
+loss; `PPOConfig.difficulty_filter_mode` says whether the batch is refilled with new groups
+(DAPO's dynamic sampling, `ppo/dynamic_sampling.py`), or the loss is renormalised over the
+kept rows, or (the old form) they are only masked. With ``retire_mastered`` a prompt that
+every sample solved is never drawn again in this run. The verdict is the task's own, so
+none of this runs against a reward model (there it would be the hidden gold reward).
 
 Example (G = 4): correct = [1,1,1,1 | 1,0,0,1 | 0,0,0,0] gives pass rates [1.0, 0.5, 0.0];
 with the default band (0, 1) only the middle group is kept.

@@ -22,9 +22,12 @@ Implementation details that live here:
   (AlpacaFarm's reward shaping). Biased, but AlpacaFarm's runs blow up without it: a
   negative per-token k1 turns the penalty into a bonus on that token, a source of reward
   the policy can chase instead of the reward model's score.
-- **Fixed coefficient** (`FixedKLController`) and **adaptive coefficient**
-  (`AdaptiveKLController`, Ziegler et al. 2019): the latter nudges beta so the measured KL
-  tracks a target.
+- **Fixed coefficient** (`FixedKLController`) and two **adaptive coefficients** that nudge
+  beta so the measured KL tracks a target (`PPOConfig.kl_controller`):
+  `AdaptiveKLController` (Ziegler et al. 2019, also TRL's `AdaptiveKLController`): the
+  step is scaled by samples / horizon; `AlpacaFarmKLController` (AlpacaFarm's
+  `kl_controller.py`): the step is scaled by a fixed gain `k_beta` once per RL step, with
+  no horizon. AlpacaFarm's PPO script runs the fixed controller.
 """
 
 from __future__ import annotations
@@ -113,7 +116,8 @@ class FixedKLController:
 
 class AdaptiveKLController:
     """Adaptive KL coefficient (Ziegler et al. 2019, "Fine-Tuning Language Models from Human
-    Preferences"; the same rule is in TRL and AlpacaFarm).
+    Preferences"; the same rule is TRL's `AdaptiveKLController`. AlpacaFarm's differs: see
+    `AlpacaFarmKLController`).
 
     After each rollout batch::
 
@@ -154,14 +158,51 @@ class AdaptiveKLController:
         self.value = float(state["value"])
 
 
+class AlpacaFarmKLController(AdaptiveKLController):
+    """AlpacaFarm's adaptive KL coefficient (`src/alpaca_farm/rl/kl_controller.py`).
+
+    Once per RL step, whatever the batch size::
+
+        proportional_error = clip(current_kl / target - 1, -0.2, 0.2)
+        value *= 1 + k_beta * proportional_error
+
+    So beta moves by at most `0.2 * k_beta` (2% at AlpacaFarm's k_beta = 0.1) per step; the
+    Ziegler rule moves it by `0.2 * batch / horizon` (1% for 512 samples and horizon 10000).
+
+    Worked example (init 0.2, target 6, k_beta 0.1)::
+
+        update(6.6)   # error +0.1         -> 0.2 * 1.01 = 0.202
+        update(30.0)  # error +4 -> +0.2   -> value * 1.02
+    """
+
+    def __init__(self, init_kl_coef: float, target: float, k_beta: float = 0.1):
+        super().__init__(init_kl_coef, target, horizon=1.0)
+        if k_beta <= 0:
+            raise ValueError(f"k_beta must be > 0, got {k_beta}")
+        self.k_beta = float(k_beta)
+
+    def update(self, current_kl: float | torch.Tensor, n_steps: int = 1) -> None:
+        proportional_error = min(max(float(current_kl) / self.target - 1.0, -0.2), 0.2)
+        self.value *= 1.0 + self.k_beta * proportional_error  # n_steps ignored: per step
+
+
+KL_CONTROLLERS = ("ziegler", "alpacafarm")
+
+
 def make_kl_controller(
     kl_coef: float,
     adaptive: bool,
     target: float | None = None,
     horizon: float | None = None,
+    rule: str = "ziegler",
+    k_beta: float = 0.1,
 ) -> FixedKLController | AdaptiveKLController:
-    """Build the KL controller the config asks for; `target` and `horizon` are only used
-    (and required) when `adaptive` is True."""
-    if adaptive:
+    """Build the KL controller the config asks for. `target` and the rule's own setting
+    (`horizon` for "ziegler", `k_beta` for "alpacafarm") are only used when `adaptive`."""
+    if not adaptive:
+        return FixedKLController(kl_coef)
+    if rule == "ziegler":
         return AdaptiveKLController(kl_coef, target, horizon)
-    return FixedKLController(kl_coef)
+    if rule == "alpacafarm":
+        return AlpacaFarmKLController(kl_coef, target, k_beta)
+    raise ValueError(f"unknown KL controller rule={rule!r}; expected one of {KL_CONTROLLERS}")

@@ -3,9 +3,11 @@
 Implementation details that live here:
 
 - **Loss aggregation** (`aggregate`, `LOSS_AGG_MODES`): how per-token losses become one
-  number. `token_mean` (PPO; Dr. GRPO's recommendation), `seq_mean_token_mean` (GRPO's
-  per-sequence length normalisation, which biases wrong answers toward being long), and
-  `seq_mean_token_sum_norm` (Dr. GRPO's constant normaliser).
+  number. `token_mean` (PPO as AlpacaFarm and TRL average it; DAPO's token-level loss),
+  `seq_mean_token_mean` (GRPO's per-sequence length normalisation, which biases wrong
+  answers toward being long), and `seq_mean_token_sum_norm` (Dr. GRPO's fix: a constant
+  normaliser). `loss_units` says what each mode divides by, which is what makes gradient
+  accumulation exact (`ppo.buffer.accumulation_weights`).
 - **Clipped surrogate** (`policy_loss`): PPO's pessimistic min of the unclipped and
   clipped objectives; a separate `clip_high` gives DAPO's clip-higher; `dual_clip` bounds
   the loss of negative-advantage tokens whose ratio has exploded (Ye et al. 2020).
@@ -39,11 +41,14 @@ def aggregate(
     mask: torch.Tensor,
     mode: str = "token_mean",
     max_len: int | None = None,
+    skip_empty_rows: bool = False,
 ) -> torch.Tensor:
     """Reduce a `[B, T]` per-token loss to a scalar over the masked tokens.
 
     - `"token_mean"`: sum over all masked tokens / number of masked tokens. Every token in
-      the batch weighs the same (PPO as in TRL/AlpacaFarm; Dr. GRPO's recommendation).
+      the batch weighs the same (PPO as in TRL/AlpacaFarm; DAPO's token-level policy
+      gradient loss). It is not Dr. GRPO's fix: its denominator still depends on the
+      lengths in the batch; Dr. GRPO divides by a constant (`seq_mean_token_sum_norm`).
     - `"seq_mean_token_mean"`: mean over sequences of each sequence's masked mean. Each
       *sequence* weighs the same, whatever its length (GRPO as written in DeepSeekMath).
     - `"seq_mean_token_sum_norm"`: sum over all masked tokens / (B * max_len), `max_len`
@@ -61,22 +66,51 @@ def aggregate(
     every token gets the same push, so a wrong answer's total penalty grows with its
     length as in the unnormalised policy gradient, and the bias disappears.
 
+    `skip_empty_rows` (the sequence modes only): a row with no token in the mask (a group
+    removed by difficulty filtering, a truncated response under DAPO's overlong masking)
+    does not count in the number of sequences. Without it such a row adds 0 to the sum but
+    1 to the denominator, so masking rows only shrinks the loss: the mean is then over the
+    rows that are left (`PPOConfig.difficulty_filter_mode`).
+
     Worked example, values `[[1, 2, 3], [4, 5, 6]]`, mask `[[1, 1, 1], [1, 0, 0]]`:
     token_mean = (1+2+3+4)/4 = 2.5; seq_mean_token_mean = (2 + 4)/2 = 3.0;
-    seq_mean_token_sum_norm = 10/(2*3) = 1.667.
+    seq_mean_token_sum_norm = 10/(2*3) = 1.667. With mask `[[1, 1, 1], [0, 0, 0]]`,
+    seq_mean_token_mean = 2/2 = 1.0, or 2/1 = 2.0 with `skip_empty_rows`.
     """
     is_real = mask.bool()
     # torch.where, not values * mask: padding may hold inf/nan and inf * 0 = nan.
     masked = torch.where(is_real, values, torch.zeros_like(values))  # [B, T]
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg must be one of {LOSS_AGG_MODES}, got loss_agg={mode!r}")
+    units = loss_units(mask, mode, skip_empty_rows).clamp(min=1)  # tokens or sequences
     if mode == "token_mean":
-        return masked.sum() / is_real.sum().clamp(min=1)
+        return masked.sum() / units
     if mode == "seq_mean_token_mean":
         seq_means = masked.sum(-1) / is_real.sum(-1).clamp(min=1)  # [B]
-        return seq_means.mean()
-    if mode == "seq_mean_token_sum_norm":
-        horizon = values.shape[-1] if max_len is None else max_len
-        return masked.sum() / (values.shape[0] * horizon)
-    raise ValueError(f"loss_agg must be one of {LOSS_AGG_MODES}, got loss_agg={mode!r}")
+        return seq_means.sum() / units
+    horizon = values.shape[-1] if max_len is None else max_len
+    return masked.sum() / (units * horizon)
+
+
+def loss_units(mask: torch.Tensor, mode: str = "token_mean", skip_empty_rows: bool = False) -> torch.Tensor:
+    """What `aggregate` divides by (before `max_len`), in units that add up over micro-batches.
+
+    Tokens in the mask under `token_mean`; sequences under the two `seq_mean` modes (only
+    the rows with a token in the mask when `skip_empty_rows`). Gradient accumulation is
+    exact when each micro-batch's loss is weighted by its units over the whole minibatch's
+    (`ppo.buffer.accumulation_weights`): then sum_k w_k * sum_k / units_k = sum / units.
+
+    >>> loss_units(torch.tensor([[1, 1, 0], [0, 0, 0]]), "token_mean").item()
+    2.0
+    >>> loss_units(torch.tensor([[1, 1, 0], [0, 0, 0]]), "seq_mean_token_mean", skip_empty_rows=True).item()
+    1.0
+    """
+    is_real = mask.bool()
+    if mode == "token_mean":
+        return is_real.sum().float()
+    if skip_empty_rows:
+        return is_real.any(-1).sum().float()
+    return torch.tensor(float(mask.shape[0]), device=mask.device)
 
 
 def policy_loss(
@@ -89,6 +123,7 @@ def policy_loss(
     dual_clip: float | None = None,
     loss_agg: str = "token_mean",
     max_len: int | None = None,
+    skip_empty_rows: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """PPO's clipped surrogate loss (Schulman et al. 2017), per token, then aggregated.
 
@@ -148,7 +183,7 @@ def policy_loss(
         is_dual_clipped = (advantages < 0) & (per_token > cap)
         per_token = torch.where(is_dual_clipped, cap, per_token)
 
-    loss = aggregate(per_token, response_mask, loss_agg, max_len)
+    loss = aggregate(per_token, response_mask, loss_agg, max_len, skip_empty_rows)
 
     with torch.no_grad():
         mask = response_mask.bool()
@@ -221,6 +256,7 @@ def entropy_loss(
     mask: torch.Tensor,
     loss_agg: str = "token_mean",
     max_len: int | None = None,
+    skip_empty_rows: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Aggregated per-token policy entropy; the trainer subtracts `entropy_coef * entropy`.
 
@@ -230,7 +266,7 @@ def entropy_loss(
 
     Returns `(entropy_value, {"entropy": ...})`.
     """
-    value = aggregate(entropy, mask, loss_agg, max_len)
+    value = aggregate(entropy, mask, loss_agg, max_len, skip_empty_rows)
     return value, {"entropy": value.item()}
 
 
@@ -241,6 +277,7 @@ def kl_loss(
     estimator: str = "k3",
     loss_agg: str = "token_mean",
     max_len: int | None = None,
+    skip_empty_rows: bool = False,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL to the reference policy as a loss term (GRPO, DeepSeekMath), not a reward.
 
@@ -255,7 +292,7 @@ def kl_loss(
     from ppo.kl import kl_penalty
 
     per_token = kl_penalty(logprobs, ref_logprobs, estimator=estimator)  # [B, T]
-    loss = aggregate(per_token, mask, loss_agg, max_len)
+    loss = aggregate(per_token, mask, loss_agg, max_len, skip_empty_rows)
     return loss, {"kl_loss": loss.item()}
 
 

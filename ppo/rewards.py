@@ -147,7 +147,7 @@ def shape_rewards(
 
 
 def whiten_rewards(
-    token_rewards: torch.Tensor, response_mask: torch.Tensor, over_padding: bool, reduce_sum=None
+    token_rewards: torch.Tensor, response_mask: torch.Tensor, over_padding: str | bool = "masked", reduce_sum=None
 ) -> torch.Tensor:
     """Reward whitening: scale rewards to unit variance, keeping their mean.
 
@@ -155,27 +155,50 @@ def whiten_rewards(
     `shift_mean=False` form divides by the standard deviation but adds the mean back: the
     sign of the average reward still carries information (a batch that is better than the
     baseline should stay positive), while the scale becomes independent of the reward
-    model's units.
+    model's units. `over_padding` (`PPOConfig.whiten_rewards_over_padding`) says which
+    positions it sees:
 
-    - `over_padding=True` reproduces AlpacaFarm, which whitens the whole `[B, T]` tensor,
-      so the zeros at padding positions enter the mean and the variance (shorter responses
-      in a batch pull the mean toward 0 and inflate the variance). The result is then
-      multiplied by the mask so padding stays zero.
-    - `over_padding=False` uses masked statistics over real response tokens only.
+    - `"masked"`: statistics over real response tokens only; padding stays 0.
+    - `"stats"`: statistics over the whole `[B, T]` tensor, padding zeros included (shorter
+      responses pull the mean toward 0 and inflate the variance), then padding is zeroed
+      again. AlpacaFarm's statistics, but not its result.
+    - `"alpacafarm"`: AlpacaFarm exactly (`ppo_trainer.py` `_estimate_advantage`): the
+      padded tensor is whitened and kept, so every padding position holds
+      `mean * (1 - 1/std)`, not 0. AlpacaFarm then runs GAE over all `T` columns, so with
+      gamma = lambda = 1 each real token's return gains that value once per padding
+      position after its response: a reward that depends on the response's length
+      (`whitening_gae_mask` gives the GAE that mask).
 
     Worked example, rewards `[[1, 3], [2, pad]]`: masked statistics use {1, 3, 2} (mean 2,
     population std 0.816), giving `[[0.775, 3.225], [2.0, 0]]`; over padding they use
-    {1, 3, 2, 0} (mean 1.5, std 1.118), giving `[[1.053, 2.842], [1.947, 0]]`.
+    {1, 3, 2, 0} (mean 1.5, std 1.118), giving `[[1.053, 2.842], [1.947, 0]]` ("stats") or
+    `[[1.053, 2.842], [1.947, 0.158]]` ("alpacafarm": 1.5 * (1 - 1/1.118) = 0.158).
 
     `reduce_sum` (`ppo.distributed.global_sum`) makes the statistics those of the whole
     batch in a data-parallel run.
     """
     from gae import whiten  # the shared masked whitening lives in gae/
 
+    if isinstance(over_padding, bool):  # the former True/False toggle
+        over_padding = "stats" if over_padding else "masked"
     mask = response_mask.to(token_rewards.dtype)  # [B, T]
-    if over_padding:
+    if over_padding == "alpacafarm":
+        return whiten(token_rewards, mask=None, shift_mean=False, reduce_sum=reduce_sum)  # [B, T], padding kept
+    if over_padding == "stats":
         return whiten(token_rewards, mask=None, shift_mean=False, reduce_sum=reduce_sum) * mask  # [B, T]
-    return whiten(token_rewards, mask=mask, shift_mean=False, reduce_sum=reduce_sum) * mask  # [B, T]
+    if over_padding == "masked":
+        return whiten(token_rewards, mask=mask, shift_mean=False, reduce_sum=reduce_sum) * mask  # [B, T]
+    raise ValueError(f"over_padding must be 'masked', 'stats' or 'alpacafarm', got {over_padding!r}")
+
+
+def whitening_gae_mask(response_mask: torch.Tensor, over_padding: str | bool) -> torch.Tensor:
+    """The mask GAE runs over: every column under AlpacaFarm's exact whitening (its GAE loops
+    over all `T` positions, so whitened padding feeds the returns), else the response mask.
+
+    >>> whitening_gae_mask(torch.tensor([[1.0, 0.0]]), "alpacafarm").tolist()
+    [[1.0, 1.0]]
+    """
+    return torch.ones_like(response_mask) if over_padding == "alpacafarm" else response_mask
 
 
 def _kimi_length_lambda(lengths: torch.Tensor, correct: torch.Tensor) -> torch.Tensor:

@@ -40,8 +40,9 @@ from value_model.model import load_value_weights
 from value_model.reward_model import last_token_scores
 
 from . import distributed, guards, run_dir
-from .buffer import ExperienceBuffer
+from .buffer import ExperienceBuffer, accumulation_weights
 from .config import PPOConfig, describe
+from .dynamic_sampling import ScoredBatch, sample_batch
 from .evaluation import accelerator_rng_devices, evaluate, preserve_rng_state, score_batch
 from .filtering import PromptPool, group_pass_rates, keep_groups, zero_advantage_groups
 from .kl import kl_penalty, make_kl_controller
@@ -52,7 +53,7 @@ from .policy import (declared_stop_token_ids, disable_dropout, enable_gradient_c
                      resolve_max_prompt_length, scoring_mode)
 from .precision import cast_master_weights, clip_grad_norms, master_dtype, prepare_frozen, step_optimizers
 from .rewards import (apply_missing_eos, clip_scores, format_reward, group_kimi_length_reward, length_reward_weight,
-                      shape_rewards, whiten_rewards)
+                      shape_rewards, whiten_rewards, whitening_gae_mask)
 from .rollout import Rollout, decode_responses, generate
 from .tasks import ArithmeticTask, CustomTask, GSM8KTask
 
@@ -88,6 +89,20 @@ def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
 def _clip_scale(max_norm: float, total_norm: float) -> float:
     """The factor ``clip_grad_norm_`` multiplies gradients by: min(1, max_norm / (norm + 1e-6))."""
     return min(1.0, max_norm / (total_norm + 1e-6))
+
+
+def build_lr_scheduler(optimizer, schedule: str, warmup_steps: int, total_steps: int):
+    """transformers' schedule, advanced once per RL step (as AlpacaFarm does).
+
+    'linear' is `get_linear_schedule_with_warmup`, piecewise: lr * s / warmup for s < warmup
+    (step 0 trains at 0), the full lr at s = warmup, then linear to 0 at `total_steps`.
+    'constant' is `get_constant_schedule_with_warmup`.
+    """
+    from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
+
+    if schedule == "linear":
+        return get_linear_schedule_with_warmup(optimizer, warmup_steps, total_steps)
+    return get_constant_schedule_with_warmup(optimizer, warmup_steps)
 
 
 def build_task(config: PPOConfig, prompts: list[str] | None = None, reward_fn: Callable | None = None):
@@ -179,8 +194,7 @@ class RLTrainer:
 
         # -- optimisers: the critic gets its own AdamW by default --------------------------
         self.policy_optimizer, self.value_optimizer = self._build_optimizers(policy)
-        schedule = self._lr_lambda
-        self.schedulers = [torch.optim.lr_scheduler.LambdaLR(opt, schedule)
+        self.schedulers = [build_lr_scheduler(opt, config.lr_schedule, config.warmup_steps, config.total_steps)
                            for opt in (self.policy_optimizer, self.value_optimizer) if opt is not None]
         prepared = self.accelerator.prepare(policy, *( [self.value_model] if self.value_model is not None else []),
                                             self.policy_optimizer,
@@ -199,8 +213,10 @@ class RLTrainer:
             self.ref_policy = AdapterDisabledReference(self.policy, self.accelerator.unwrap_model(self.policy))
         if self.reward_model is not None:
             self.reward_model = prepare_frozen(self.accelerator, self.reward_model)
-        self.kl_controller = make_kl_controller(config.kl_coef, config.adaptive_kl, config.kl_target, config.kl_horizon)
+        self.kl_controller = make_kl_controller(config.kl_coef, config.adaptive_kl, config.kl_target, config.kl_horizon,
+                                                rule=config.kl_controller, k_beta=config.kl_k_beta)
         self.step = 0
+        self.samples_generated = 0  # responses generated over all ranks (dynamic sampling makes extra)
         self.writer = None
 
     # ====================================================================================
@@ -213,35 +229,23 @@ class RLTrainer:
         policy = self.accelerator.unwrap_model(self.policy)
         step_start = time.perf_counter()
 
-        # ---- 1. rollout: G samples per prompt, contiguous ------------------------------
-        prompts_this_step = self.prompt_pool.sample(self.local_batch_size // cfg.group_size)  # this rank's share
-        problems = [p for p in prompts_this_step for _ in range(cfg.group_size)]  # B = prompts x G
-        with timer("generate"):
-            rollout = generate(policy, self.tokenizer, [p.prompt for p in problems], cfg.response_length,
-                               temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                               return_logits=cfg.logprobs_from_generation, stop_token_ids=self.stop_token_ids,
-                               max_prompt_length=self.max_prompt_length, prompt_truncation=cfg.prompt_truncation)
-        rollout = self._to_device(rollout)
+        # ---- 1-2. rollout and score: G samples per prompt, contiguous -------------------
+        # One round, or (difficulty_filter_mode="resample") DAPO's dynamic sampling: rounds
+        # until this rank's share is made of groups inside the pass-rate band.
+        resample = cfg.difficulty_filter and cfg.difficulty_filter_mode == "resample"
+        batch = sample_batch(lambda n: self._sample_and_score(policy, n, timer), self.local_batch_size // cfg.group_size,
+                             cfg.group_size, band=(cfg.filter_min_pass_rate, cfg.filter_max_pass_rate),
+                             max_rounds=cfg.dynamic_sampling_max_rounds if resample else 1,
+                             pad_token_id=self.tokenizer.pad_token_id)
+        problems, rollout, texts = batch.problems, batch.rollout, batch.texts  # B = prompts x G
+        task_scores, raw_scores, correct = batch.task_scores, batch.raw_scores, batch.correct  # [B] each
         response_mask = rollout.response_mask.float()  # [B, T]
-        texts = decode_responses(self.tokenizer, rollout)
-
-        # ---- 2. score ---------------------------------------------------------------------
-        with timer("score"):
-            score_objects = score_batch(self.task, problems, texts, rollout.has_eos.tolist())
-            task_scores = torch.tensor([s.reward for s in score_objects], device=self.device)  # [B]
-            if self.reward_model is not None:
-                # RLHF: the policy optimises the (proxy) reward model; the task's own score
-                # is the gold reward, logged but never trained on.
-                raw_scores = self._reward_model_scores(rollout)  # [B]
-            else:
-                raw_scores = task_scores
-            correct = torch.tensor([s.correct for s in score_objects], device=self.device)  # [B]
-            # A NaN / inf score stops the run here, before any update or save (ppo/guards.py),
-            # unless nonfinite_rewards='drop' keeps those samples out of the loss below.
-            finite = guards.check_scores(raw_scores, [p.prompt for p in problems], texts, self._score_source(),
-                                         drop=cfg.nonfinite_rewards == "drop")  # [B]
-            raw_scores = guards.drop_nonfinite_scores(raw_scores, finite, cfg.group_size)  # [B]
-            well_formed = torch.tensor([s.well_formed for s in score_objects], device=self.device)  # [B]
+        # A NaN / inf score stops the run here, before any update or save (ppo/guards.py),
+        # unless nonfinite_rewards='drop' keeps those samples out of the loss below.
+        finite = guards.check_scores(raw_scores, [p.prompt for p in problems], texts, self._score_source(),
+                                     drop=cfg.nonfinite_rewards == "drop")  # [B]
+        raw_scores = guards.drop_nonfinite_scores(raw_scores, finite, cfg.group_size)  # [B]
+        well_formed = batch.well_formed  # [B]
 
         # ---- 3. old log-probs, reference log-probs, values (no autograd) ---------------
         temperature = cfg.temperature if cfg.scale_logits_by_temperature else 1.0
@@ -283,14 +287,16 @@ class RLTrainer:
             if cfg.whiten_rewards:
                 token_rewards = whiten_rewards(token_rewards, response_mask, cfg.whiten_rewards_over_padding,
                                                reduce_sum=distributed.global_sum)
+            # AlpacaFarm's exact form runs GAE over every column, padding included.
+            gae_mask = whitening_gae_mask(response_mask, cfg.whiten_rewards_over_padding if cfg.whiten_rewards else "masked")
 
         # ---- 6. advantages and returns ----------------------------------------------------
         with timer("advantages"):
             advantages, returns = estimate_advantages(
-                cfg.advantage_estimator, token_rewards=token_rewards, response_mask=response_mask, values=values,
+                cfg.advantage_estimator, token_rewards=token_rewards, response_mask=gae_mask, values=values,
                 group_size=cfg.group_size, gamma=cfg.gamma, lam=cfg.lam, grpo_scale=cfg.grpo_scale,
-                grpo_eps=cfg.grpo_eps, reinforce_baseline=cfg.reinforce_baseline,
-                rft_min_score=cfg.rft_min_score,
+                grpo_eps=cfg.grpo_eps, grpo_std_correction=cfg.grpo_std_correction,
+                reinforce_baseline=cfg.reinforce_baseline, rft_min_score=cfg.rft_min_score,
                 reduce_sum=distributed.global_sum)  # [B, T] each; batch statistics over all ranks
             if cfg.whiten_advantages and not cfg.whiten_advantages_per_minibatch:
                 advantages = whiten(advantages, response_mask, reduce_sum=distributed.global_sum)
@@ -305,8 +311,8 @@ class RLTrainer:
             if cfg.difficulty_filter:
                 kept = keep_groups(pass_rates, cfg.filter_min_pass_rate, cfg.filter_max_pass_rate)  # [prompts]
                 loss_mask = loss_mask * kept.repeat_interleave(cfg.group_size).float()[:, None]
-            if cfg.retire_mastered:  # every rank retires what any rank mastered
-                self.prompt_pool.retire(*self._gather_pass_rates(prompts_this_step, pass_rates))
+            if cfg.retire_mastered:  # every rank retires what any rank mastered, in every round
+                self.prompt_pool.retire(*self._gather_pass_rates(batch.seen_problems, batch.seen_pass_rates))
 
         # ---- 7. update: epochs x shuffled minibatches x micro-batches ------------------
         buffer_tensors = dict(query_ids=rollout.query_ids, query_mask=rollout.query_mask,
@@ -333,13 +339,13 @@ class RLTrainer:
             has_ref=ref_logprobs is not None, old_logprobs=old_logprobs, response_mask=response_mask,
             advantages=advantages, values=values, returns=returns, kept=kept,
             scalars={"kl_coef": beta, "length_reward_coef": length_coef, **update_metrics},
-            timer=timer, step_start=step_start)
+            batch=batch, timer=timer, step_start=step_start)
         self.step += 1
         return metrics
 
     def _step_metrics(self, *, rollout, problems, texts, raw_scores, task_scores, correct, finite, well_formed,
                       token_rewards, kl, kl_k1, has_ref, old_logprobs, response_mask, advantages, values, returns, kept,
-                      scalars, timer, step_start) -> dict:
+                      scalars, batch, timer, step_start) -> dict:
         """This step's metrics, each a mean over the global batch (one all-reduce for all of
         them), plus the decoded samples of every rank for samples.jsonl."""
         cfg = self.config
@@ -366,11 +372,14 @@ class RLTrainer:
             means.add("zero_advantage_group_frac", zero_groups)
             means.add("zero_advantage_group_frac_kept", zero_groups, kept)
             means.add("kept_group_frac", kept.float())
+        means.add("sampling_rounds", torch.tensor([float(batch.rounds)]))
+        responses_generated = float(distributed.global_sum(torch.tensor(float(batch.responses_generated))))
+        self.samples_generated += int(responses_generated)
         for phase, seconds in timer.seconds.items():
             means.add(f"time_{phase}", torch.tensor([seconds]))
         means.add("time_step", torch.tensor([time.perf_counter() - step_start]))
-        metrics = {"step": self.step + 1, **means.result(), **scalars,
-                   "lr": self.policy_optimizer.param_groups[0]["lr"]}
+        metrics = {"step": self.step + 1, **means.result(), **scalars, "responses_generated": responses_generated,
+                   "samples_generated": self.samples_generated, "lr": self.policy_optimizer.param_groups[0]["lr"]}
         if cfg.retire_mastered:
             metrics["retired_prompts"] = len(self.prompt_pool.retired)
         metrics.update(self._per_level_advantage(problems, advantages, response_mask))
@@ -394,6 +403,8 @@ class RLTrainer:
         optimizer_steps = 0
         stop_early = False
         world = distributed.world_size()
+        # Filtered groups leave the loss's denominator too, unless the old masking is asked for.
+        skip_empty_rows = cfg.difficulty_filter and cfg.difficulty_filter_mode != "mask"
         self.policy.train()
         if self.value_model is not None:
             self.value_model.train()
@@ -403,47 +414,48 @@ class RLTrainer:
                 break
             if cfg.whiten_advantages and cfg.whiten_advantages_per_minibatch:
                 micro_batches = self._whiten_minibatch_advantages(micro_batches)
-            # Weight each micro-batch by its share of the *global* minibatch, so the accumulated
-            # gradient equals one big minibatch on one process: its share of tokens under
-            # token_mean (counted over all ranks), of sequences otherwise.
-            minibatch_tokens = float(distributed.global_sum(sum(m["loss_mask"].sum() for m in micro_batches)))
+            # Weight each micro-batch by its share of the *global* minibatch (tokens or
+            # sequences, counted over all ranks), so the accumulated gradient equals one big
+            # minibatch on one process; the critic's token-mean loss gets token shares.
+            policy_weights, value_weights = accumulation_weights(
+                [m["loss_mask"] for m in micro_batches], cfg.loss_agg, skip_empty_rows, distributed.global_sum)
             minibatch_approx_kl = 0.0
             minibatch_loss = 0.0  # checked for NaN / inf before the optimizer step
-            for micro in micro_batches:
+            for micro, weight, value_weight in zip(micro_batches, policy_weights, value_weights):
                 args = (micro["query_ids"], micro["query_mask"], micro["response_ids"], micro["response_mask"])
                 logprobs, entropy = response_logprobs(self.policy, *args, temperature=temperature, with_entropy=True)
                 mask = micro["loss_mask"]
                 loss, metrics = policy_loss(logprobs, micro["old_logprobs"], micro["advantages"], mask,
                                             clip_low=cfg.cliprange, clip_high=cfg.cliprange_high,
                                             dual_clip=cfg.dual_clip, loss_agg=cfg.loss_agg,
-                                            max_len=cfg.response_length)
+                                            max_len=cfg.response_length, skip_empty_rows=skip_empty_rows)
                 metrics["pg_loss"] = float(loss.detach())
                 if cfg.kl_placement == "loss" and "ref_logprobs" in micro:
                     kl_term, kl_metrics = kl_loss(logprobs, micro["ref_logprobs"], mask, cfg.kl_estimator,
-                                                  loss_agg=cfg.loss_agg, max_len=cfg.response_length)
+                                                  loss_agg=cfg.loss_agg, max_len=cfg.response_length,
+                                                  skip_empty_rows=skip_empty_rows)
                     loss = loss + beta * kl_term
                     metrics.update(kl_metrics)
-                entropy_value, _ = entropy_loss(entropy, mask, cfg.loss_agg, max_len=cfg.response_length)
+                entropy_value, _ = entropy_loss(entropy, mask, cfg.loss_agg, max_len=cfg.response_length,
+                                                skip_empty_rows=skip_empty_rows)
                 # Logged as a per-token mean whatever loss_agg is, so runs are comparable.
                 metrics["entropy"] = _masked_mean(entropy.detach(), mask)
                 if cfg.entropy_coef > 0:
                     loss = loss - cfg.entropy_coef * entropy_value
+                loss = loss * weight
+                vf_metrics = {}
                 if self.value_model is not None:
                     new_values = response_values(self.value_model, *args)  # [b, T]
                     vf_loss, vf_metrics = value_loss(new_values, micro["values"], micro["returns"], mask,
                                                      clip_range_value=cfg.cliprange_value)
-                    metrics.update(vf_metrics)
-                    metrics["vf_loss"] = float(vf_loss.detach())
                     # One backward for both: the critic's graph is separate, so its gradients
                     # only reach the critic's parameters, scaled by vf_coef.
-                    loss = loss + cfg.vf_coef * vf_loss
-                if cfg.loss_agg == "token_mean":
-                    weight = float(micro["loss_mask"].sum()) / max(minibatch_tokens, 1.0)
-                else:
-                    weight = 1.0 / (cfg.gradient_accumulation_steps * world)
+                    loss = loss + value_weight * cfg.vf_coef * vf_loss
                 # DDP averages gradients over the ranks: scale by `world` to sum them instead.
-                self.accelerator.backward(loss * (weight * world))
-                minibatch_loss += weight * float(loss.detach())
+                self.accelerator.backward(loss * world)
+                minibatch_loss += float(loss.detach())
+                for key, value in vf_metrics.items():  # a token mean: weighted by token share
+                    means.add_weighted(key, value_weight * float(value), value_weight)
                 minibatch_approx_kl += weight * float(metrics.get("approx_kl", 0.0))
                 for key, value in metrics.items():
                     if key.endswith("_max"):  # a maximum over the whole update, not a mean
@@ -536,14 +548,6 @@ class RLTrainer:
                   {"params": _trainable(self.value_model), "lr": value_lr}]
         return torch.optim.AdamW(groups, **adam), None
 
-    def _lr_lambda(self, step: int) -> float:
-        """Warmup then linear decay to 0, advanced once per RL step (as AlpacaFarm)."""
-        cfg = self.config
-        warmup = min(1.0, (step + 1) / cfg.warmup_steps) if cfg.warmup_steps else 1.0
-        if cfg.lr_schedule == "constant":
-            return warmup
-        return warmup * max(0.0, 1.0 - step / cfg.total_steps)
-
     def _optimizer_step(self, loss: float | None = None) -> dict[str, float]:
         """Clip gradients, step the optimizer(s); return the gradient norms before clipping.
 
@@ -590,6 +594,28 @@ class RLTrainer:
         mask = torch.cat([m["response_mask"] for m in micro_batches])
         whitened = whiten(advantages, mask, reduce_sum=distributed.global_sum).split([m["advantages"].shape[0] for m in micro_batches])
         return [{**m, "advantages": w} for m, w in zip(micro_batches, whitened)]
+
+    def _sample_and_score(self, policy, n_prompts: int, timer: PhaseTimer) -> ScoredBatch:
+        """Draw `n_prompts` prompts, sample G responses each and score them (one round)."""
+        cfg = self.config
+        problems = [p for p in self.prompt_pool.sample(n_prompts) for _ in range(cfg.group_size)]  # [B]
+        with timer("generate"):
+            rollout = generate(policy, self.tokenizer, [p.prompt for p in problems], cfg.response_length,
+                               temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                               return_logits=cfg.logprobs_from_generation, stop_token_ids=self.stop_token_ids,
+                               max_prompt_length=self.max_prompt_length, prompt_truncation=cfg.prompt_truncation)
+        rollout = self._to_device(rollout)
+        texts = decode_responses(self.tokenizer, rollout)
+        with timer("score"):
+            score_objects = score_batch(self.task, problems, texts, rollout.has_eos.tolist())
+            task_scores = torch.tensor([s.reward for s in score_objects], device=self.device)  # [B]
+            # RLHF: the policy optimises the (proxy) reward model; the task's own score and
+            # verdict are the gold, logged but never trained on (PPOConfig.validate refuses
+            # the toggles that would read the verdict).
+            raw_scores = self._reward_model_scores(rollout) if self.reward_model is not None else task_scores  # [B]
+            correct = torch.tensor([s.correct for s in score_objects], device=self.device)  # [B]
+            well_formed = torch.tensor([s.well_formed for s in score_objects], device=self.device)  # [B]
+        return ScoredBatch(problems, rollout, texts, task_scores, raw_scores, correct, well_formed)
 
     def _to_device(self, rollout: Rollout) -> Rollout:
         for name in ("query_ids", "query_mask", "response_ids", "response_mask", "has_eos"):
@@ -708,7 +734,7 @@ class RLTrainer:
         final_eval = final_eval or self.evaluate()
         summary = {
             "steps": self.step,
-            "samples": self.step * cfg.rollout_batch_size,
+            "samples": self.samples_generated,  # responses generated (dynamic sampling generates extra)
             "wall_seconds_this_session": time.perf_counter() - start_time,
             "initial_eval": initial_eval,
             "final_eval": final_eval,
@@ -763,7 +789,8 @@ class RLTrainer:
             }, tmp / "trainer_state.pt")
             (tmp / "state.json").write_text(json.dumps({
                 "step": self.step, "kl_controller": self.kl_controller.state_dict(), "model_path": self.model_path,
-                "retired_prompts": sorted(self.prompt_pool.retired), "world_size": distributed.world_size()}))
+                "retired_prompts": sorted(self.prompt_pool.retired), "world_size": distributed.world_size(),
+                "samples_generated": self.samples_generated}))
         distributed.barrier()  # the folder exists
         if not distributed.is_main_process():
             torch.save(self._rng_state(), tmp / f"rng_rank{distributed.rank()}.pt")
@@ -848,7 +875,7 @@ class RLTrainer:
             scheduler.load_state_dict(scheduler_state)
             scheduler.base_lrs = [g["initial_lr"] for g in groups]
             for group, setting in zip(scheduler.optimizer.param_groups, groups):
-                group.update(setting, lr=setting["initial_lr"] * self._lr_lambda(scheduler.last_epoch))
+                group.update(setting, lr=setting["initial_lr"] * scheduler.lr_lambdas[0](scheduler.last_epoch))
         info = saved["info"]
         if distributed.is_main_process():
             self._set_rng_state(state)
@@ -862,6 +889,7 @@ class RLTrainer:
         self.step = saved["step"]
         self.kl_controller.load_state_dict(saved["kl_controller"])
         self.prompt_pool.retired = set(info.get("retired_prompts", []))
+        self.samples_generated = info.get("samples_generated", self.step * self.config.rollout_batch_size)
 
     def _set_rng_state(self, state: dict) -> None:
         accelerator = accelerator_rng_devices()

@@ -137,6 +137,9 @@ def test_difficulty_filter_masks_groups(tmp_path, tiny_model_dir):
     assert 0.0 <= metrics["kept_group_frac"] <= 1.0
     assert metrics["zero_advantage_group_frac_kept"] == 0.0 or metrics["kept_group_frac"] == 0.0
     assert "retired_prompts" in metrics
+    # resample (the default mode): whole rounds of 8 responses until the band is filled, at most 4
+    assert 1 <= metrics["sampling_rounds"] <= 4
+    assert metrics["responses_generated"] == metrics["sampling_rounds"] * 8 == metrics["samples_generated"]
 
 
 def test_target_kl_stops_the_epochs_early(tmp_path, tiny_model_dir):

@@ -261,7 +261,10 @@ def test_ray_sweep_matches_local_survives_a_killed_driver_and_skips_on_rerun(tmp
     assert _processes_mentioning(f"--output-dir {sweep}") == []
     complete = {run_dir: (run_dir / "summary.json").stat().st_mtime_ns for run_dir in _complete_runs(sweep)}
     interrupted = _started_runs(sweep) - set(complete)
-    assert 1 <= len(complete) < 4 and interrupted, "the kill should have come mid-sweep"
+    # Mid-sweep: some runs complete, others not. A run that was training at the kill usually
+    # stays interrupted, but Ray stops its worker only after noticing the dead driver, and
+    # on an idle machine a tiny run can finish in that window; the rerun must cope either way.
+    assert 1 <= len(complete) < 4, "the kill should have come mid-sweep"
 
     rerun = run_sweep([toy_ablation(tiny_model_dir)], sweep, seeds=2, progress=False,
                       backend=RayBackend(num_cpus=2))

@@ -36,6 +36,7 @@ def test_full_testbed_run_gains_15_points(tmp_path, name, seed):
     assert summary["sampled_accuracy_gain"] >= 0.15, summary["sampled_accuracy_gain"]
 
 
+@pytest.mark.slow
 def test_short_grpo_lora_run_raises_sampled_accuracy(tmp_path):
     """LoRA (rank 8, the usual 10x learning rate) learns on the testbed too. The reference is
     the adapter-disabled base; ablations.memory measures what that saves. Measured: 0.359 ->

@@ -62,22 +62,22 @@ def _collective_device() -> torch.device:
     return torch.device("cpu")
 
 
-def global_sum(values: torch.Tensor) -> torch.Tensor:
-    """Elementwise sum of `values` over all ranks (a new tensor; the input is untouched)."""
+def _all_reduce(values: torch.Tensor, op) -> torch.Tensor:
     if not is_distributed():
         return values
-    total = values.detach().to(_collective_device(), copy=True)
-    dist.all_reduce(total, op=dist.ReduceOp.SUM)
-    return total.to(values.device)
+    result = values.detach().to(_collective_device(), copy=True)
+    dist.all_reduce(result, op=op)
+    return result.to(values.device)
+
+
+def global_sum(values: torch.Tensor) -> torch.Tensor:
+    """Elementwise sum of `values` over all ranks (a new tensor; the input is untouched)."""
+    return _all_reduce(values, dist.ReduceOp.SUM)
 
 
 def global_max(values: torch.Tensor) -> torch.Tensor:
     """Elementwise maximum of `values` over all ranks."""
-    if not is_distributed():
-        return values
-    result = values.detach().to(_collective_device(), copy=True)
-    dist.all_reduce(result, op=dist.ReduceOp.MAX)
-    return result.to(values.device)
+    return _all_reduce(values, dist.ReduceOp.MAX)
 
 
 def global_mean(values: torch.Tensor) -> float:

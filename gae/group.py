@@ -26,6 +26,8 @@ from typing import Callable
 import torch
 from einops import rearrange
 
+from .whiten import population_moments
+
 GROUP_SCALES = ("group", "batch", "none")
 
 
@@ -115,11 +117,8 @@ def group_advantages(
 
 def batch_population_std(scores: torch.Tensor, reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
     """Population std of every score in the batch (over all processes with `reduce_sum`)."""
-    reduce_sum = reduce_sum or (lambda total: total)
-    values = scores.double()
-    count = reduce_sum(torch.tensor(float(values.numel()), dtype=torch.float64, device=scores.device))
-    mean = reduce_sum(values.sum()) / count
-    return (reduce_sum((values - mean).pow(2).sum()) / count).sqrt().to(scores.dtype)
+    _, _, var = population_moments(scores, reduce_sum)
+    return var.sqrt().to(scores.dtype)
 
 
 def rloo_advantages(scores: torch.Tensor, group_size: int) -> torch.Tensor:

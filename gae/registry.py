@@ -27,6 +27,7 @@ import torch
 
 from .gae import compute_gae
 from .group import group_advantages, rloo_advantages
+from .whiten import population_moments
 
 AdvantageEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -185,9 +186,8 @@ def reinforce_estimator(*, token_rewards, response_mask, reinforce_baseline=Fals
     scores = _sequence_scores(token_rewards, response_mask)  # [B]
     if reinforce_baseline:
         # A constant baseline lowers the gradient's variance without biasing it.
-        reduce_sum = reduce_sum or (lambda total: total)
-        count = reduce_sum(torch.tensor(float(scores.numel()), dtype=torch.float64, device=scores.device))
-        scores = scores - (reduce_sum(scores.double().sum()) / count).to(scores.dtype)
+        _, batch_mean, _ = population_moments(scores, reduce_sum)  # over every process's batch
+        scores = scores - batch_mean.to(scores.dtype)
     return _broadcast_to_tokens(scores, response_mask)
 
 

@@ -21,6 +21,26 @@ from typing import Callable
 import torch
 
 
+def population_moments(
+    values: torch.Tensor, reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(count, mean, population variance)`` of every element of `values`, in float64.
+
+    Two passes (mean, then squared deviations): as exact as ``torch.var`` and each pass is
+    one sum, so with `reduce_sum` (`ppo.distributed.global_sum`) the moments are those of
+    every process's values together. An empty input gives NaN mean and variance.
+
+    >>> population_moments(torch.tensor([1., 2., 3., 4.]))
+    (tensor(4., dtype=torch.float64), tensor(2.5000, dtype=torch.float64), tensor(1.2500, dtype=torch.float64))
+    """
+    reduce_sum = reduce_sum or (lambda total: total)
+    values = values.double().reshape(-1)
+    count = reduce_sum(torch.tensor(float(values.numel()), dtype=torch.float64, device=values.device))
+    mean = reduce_sum(values.sum()) / count
+    var = reduce_sum((values - mean).pow(2).sum()) / count
+    return count, mean, var
+
+
 def whiten(
     x: torch.Tensor,
     mask: torch.Tensor | None = None,
@@ -65,14 +85,10 @@ def whiten(
             raise ValueError(f"mask shape {tuple(mask.shape)} does not match x shape {tuple(x.shape)}")
         keep = mask.bool()
         selected = x[keep]  # [N] only the positions that count
-    reduce_sum = reduce_sum or (lambda total: total)
-    count = reduce_sum(torch.tensor(float(selected.numel()), dtype=torch.float64, device=x.device))
+    count, mean, var = population_moments(selected, reduce_sum)  # population variance, see above
     if count < 2:
         raise ValueError(f"whiten needs at least 2 selected elements, got {int(count)}")
-    # Two passes (mean, then squared deviations) in float64: as exact as torch.var, and
-    # each pass is one sum that data-parallel ranks can add up.
-    mean = (reduce_sum(selected.double().sum()) / count).to(x.dtype)
-    var = (reduce_sum((selected.double() - mean.double()).pow(2).sum()) / count).to(x.dtype)  # population, see above
+    mean, var = mean.to(x.dtype), var.to(x.dtype)
     whitened = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         whitened = whitened + mean

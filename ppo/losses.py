@@ -308,21 +308,16 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
     >>> explained_variance(r, r, torch.ones(1, 4))
     1.0
     """
-    reduce_sum = reduce_sum or (lambda total: total)
+    from gae.whiten import population_moments
+
     with torch.no_grad():
         is_real = mask.bool()
         real_returns = returns[is_real].double()
         residual = real_returns - values[is_real].double()
-        count = reduce_sum(torch.tensor(float(real_returns.numel()), dtype=torch.float64, device=returns.device))
+        count, _, var_returns = population_moments(real_returns, reduce_sum)
         if count == 0:
             return float("nan")
-
-        def population_var(x: torch.Tensor) -> torch.Tensor:
-            mean = reduce_sum(x.sum()) / count
-            return reduce_sum((x - mean).pow(2).sum()) / count
-
-        var_returns = population_var(real_returns)
-        var_residual = population_var(residual)
+        _, _, var_residual = population_moments(residual, reduce_sum)
         if var_returns == 0:
             return float("nan")
         return (1.0 - var_residual / var_returns).item()

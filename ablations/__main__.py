@@ -7,6 +7,7 @@ Commands::
                             [--backend local|ray|slurm] [--address auto] [--cpus-per-run N] [--gpus-per-run N]
     python -m ablations report DIR
     python -m ablations bench [--steps 8] [--presets alpacafarm grpo]
+    python -m ablations speed compare --peer-dir DIR --peer-python PY --peer-python-ppo PY
 
 ``run`` writes one ``ppo-train`` run directory per variant x seed under ``DIR/<ablation>/``
 (default ``DIR = sweeps/<first NAME>``), skips runs that are already complete and retries
@@ -160,7 +161,10 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(handler=cmd_report)
 
     # Listed for --help only: main() hands `bench` and everything after it to ablations.bench.
-    commands.add_parser("bench", help="step-time benchmark (python -m ablations bench --help)", add_help=False)
+    commands.add_parser("bench", help="step time against the FLOP floor (python -m ablations bench --help)",
+                        add_help=False)
+    commands.add_parser("speed", help="seconds per step side by side with TRL (python -m ablations speed --help)",
+                        add_help=False)
     return parser
 
 
@@ -170,6 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         from .bench import main as bench_main
 
         return bench_main(argv[1:]) or 0
+    if argv and argv[0] == "speed":
+        from .speed import main as speed_main
+
+        return speed_main(argv[1:]) or 0
     args = build_parser().parse_args(argv)
     return args.handler(args)
 

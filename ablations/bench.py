@@ -1,27 +1,43 @@
-"""Step-time benchmark: PPO and GRPO steps on the testbed against their compute floor.
+"""Step time against an honest compute floor.
 
-A training step spends time in model calls (generation, no-grad forward passes, forward +
-backward in the update) and in everything else (scoring, reward shaping, advantages, the
-buffer, logging). The *compute floor* of a step is the sum of the same model calls timed
-alone, back to back, with nothing else around them: no training loop can be faster.
-``step / floor`` therefore measures the loop's own overhead, and the two are measured side
-by side in the same process so machine noise affects both alike.
+The **floor** of a step is the matrix arithmetic it cannot avoid, run at the best matrix
+throughput this machine reaches, both measured in the same run:
 
-    python -m ablations bench [--steps 8] [--presets alpacafarm grpo]
+- FLOPs are counted by `torch.utils.flop_counter.FlopCounterMode` on the step's own batch
+  with **real tokens only**: the rows are grouped by their real length (prompt + response,
+  no padding) and each group runs as one unpadded batch. The passes counted are the ones no
+  loop can skip: generation (one forward pass over every real token; a KV-cached sampler
+  does exactly that arithmetic), the reference forward (when beta > 0), the old critic's
+  forward (PPO with more than one optimizer step per batch: nothing else gives the old
+  values), and forward + backward of policy and critic once per epoch. Old log-probs are
+  not counted: the generation logits give them. Elementwise work (norms, activations,
+  softmax, AdamW) is not counted either, so the floor is a lower bound.
+- Throughput is the best GFLOP/s of plain ``torch.mm`` over the model's own linear-layer
+  shapes at the step's token count and one large square product, timed right after the
+  steps.
+
+``step / floor`` therefore says how far the loop is from the hardware, plumbing and
+elementwise work included. A second table keeps the per-phase view: each phase's time in
+the step next to the same model call timed alone on the same batch (an optimizer step on
+a copy included), which shows the loop's own glue.
+
+    python -m ablations bench [--steps 8] [--presets alpacafarm grpo] [--identical-work MODEL_DIR]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import tempfile
 import time
+from collections import defaultdict
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from ppo.config import preset
 from ppo.logprobs import response_logprobs, response_values
-from ppo.rollout import generate
 
 PHASES = ("generate", "score", "policy_forward", "reference_forward", "value_forward", "rewards", "advantages", "update")
 
@@ -32,100 +48,215 @@ def _timed(fn) -> float:
     return time.perf_counter() - start
 
 
-def compute_floor(trainer, prompts: list[str]) -> dict[str, float]:
-    """The model calls of one step of `trainer`'s config, each timed alone (seconds)."""
+# ---- FLOPs on real tokens ----------------------------------------------------------------------
+def real_token_groups(rollout) -> list[torch.Tensor]:
+    """The rollout's sequences without padding, as ``[n, length]`` id tensors, one per distinct
+    real length (prompt tokens + response tokens up to and including the stop token)."""
+    groups = defaultdict(list)
+    for ids_q, mask_q, ids_r, mask_r in zip(rollout.query_ids, rollout.query_mask, rollout.response_ids,
+                                            rollout.response_mask):
+        sequence = torch.cat([ids_q[mask_q.bool()], ids_r[mask_r.bool()]])
+        groups[len(sequence)].append(sequence)
+    return [torch.stack(rows) for _, rows in sorted(groups.items())]
+
+
+def _count(fn) -> int:
+    counter = FlopCounterMode(display=False)
+    with counter:
+        fn()
+    return counter.get_total_flops()
+
+
+def model_flops(model, groups: list[torch.Tensor], backward: bool) -> int:
+    """FLOPs of `model` over the unpadded groups, forward only or forward + backward."""
+    total = 0
+    for ids in groups:
+        mask = torch.ones_like(ids)
+        positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
+
+        def run():
+            out = model(input_ids=ids, attention_mask=mask, position_ids=positions)
+            out = out.logits if hasattr(out, "logits") else out
+            if backward:
+                out.float().sum().backward()
+
+        if backward:
+            total += _count(run)
+            model.zero_grad(set_to_none=True)
+        else:
+            with torch.no_grad():
+                total += _count(run)
+    return total
+
+
+def floor_flops(trainer, rollout) -> dict[str, int]:
+    """FLOPs of the passes one step of `trainer`'s config cannot avoid, on `rollout`."""
     cfg = trainer.config
     policy = trainer.accelerator.unwrap_model(trainer.policy)
-    floor = {}
-    rollout = None
+    critic = trainer.accelerator.unwrap_model(trainer.value_model) if trainer.value_model is not None else None
+    groups = real_token_groups(rollout)
+    # Generation scores every real token once; the last token's logits are never needed, a
+    # difference of one token per row that this lower bound ignores.
+    policy_forward = model_flops(policy, groups, backward=False)
+    flops = {"generate": policy_forward}
+    if trainer.ref_policy is not None:
+        flops["reference_forward"] = policy_forward  # the same architecture and tokens
+    optimizer_steps = cfg.ppo_epochs * cfg.num_minibatches
+    if critic is not None and optimizer_steps > 1:
+        flops["value_forward"] = model_flops(critic, groups, backward=False)
+    update = cfg.ppo_epochs * model_flops(policy, groups, backward=True)
+    if critic is not None:
+        update += cfg.ppo_epochs * model_flops(critic, groups, backward=True)
+    flops["update"] = update
+    return flops
 
-    def do_generate():
-        nonlocal rollout
-        rollout = generate(policy, trainer.tokenizer, prompts, cfg.response_length, temperature=cfg.temperature)
 
-    floor["generate"] = _timed(do_generate)
+def matmul_throughput(policy, tokens: int, repeats: int = 20) -> float:
+    """Best FLOP/s of ``torch.mm`` over the policy's linear-layer shapes at `tokens` rows and
+    a 1024^3 product (so small shapes that run badly do not lower the bar)."""
+    shapes = {(1024, 1024, 1024)}
+    for module in policy.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.Tensor) and weight.dim() == 2 and not isinstance(module, torch.nn.Embedding):
+            shapes.add((tokens, weight.shape[1], weight.shape[0]))
+            shapes.add((tokens, weight.shape[0], weight.shape[1]))
+    best = 0.0
+    for m, k, n in shapes:
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        for _ in range(3):
+            torch.mm(a, b)
+        count = repeats if m * k * n < 1e8 else 3
+        start = time.perf_counter()
+        for _ in range(count):
+            torch.mm(a, b)
+        seconds = (time.perf_counter() - start) / count
+        best = max(best, 2 * m * k * n / seconds)
+    return best
+
+
+# ---- model calls alone (the second table) --------------------------------------------------------
+def calls_alone(trainer, rollout) -> dict[str, float]:
+    """Each model call of one step timed alone on the step's own batch (seconds)."""
+    cfg = trainer.config
+    policy = trainer.accelerator.unwrap_model(trainer.policy)
+    from ppo.rollout import generate
+
+    times = {}
+    prompts = trainer.tokenizer.batch_decode(rollout.query_ids, skip_special_tokens=True)
+    times["generate"] = _timed(lambda: generate(policy, trainer.tokenizer, prompts, cfg.response_length,
+                                                temperature=cfg.temperature, stop_token_ids=trainer.stop_token_ids))
     args = (rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.response_mask)
     with torch.no_grad():
-        floor["policy_forward"] = _timed(lambda: response_logprobs(policy, *args))
+        if not trainer.reuses_update_forward:
+            times["policy_forward"] = _timed(lambda: response_logprobs(policy, *args))
         if trainer.ref_policy is not None:
-            floor["reference_forward"] = _timed(lambda: response_logprobs(trainer.ref_policy, *args))
-        if trainer.value_model is not None:
-            floor["value_forward"] = _timed(lambda: response_values(trainer.value_model, *args))
-    # The update: forward + backward per micro-batch and one optimizer step per minibatch,
-    # for every epoch, on a throwaway copy of the optimizers' work (a plain SGD step).
-    micro = cfg.micro_batch_size
-    params = list(policy.parameters()) + (list(trainer.value_model.parameters()) if trainer.value_model else [])
+            times["reference_forward"] = _timed(lambda: response_logprobs(trainer.ref_policy, *args))
+        if trainer.value_model is not None and not trainer.reuses_update_forward:
+            times["value_forward"] = _timed(lambda: response_values(trainer.value_model, *args))
+    # The update on copies: forward + backward per micro-batch, an AdamW step per minibatch.
+    policy_copy = copy.deepcopy(policy)
+    critic_copy = copy.deepcopy(trainer.value_model) if trainer.value_model is not None else None
+    params = list(policy_copy.parameters()) + (list(critic_copy.parameters()) if critic_copy is not None else [])
+    optimizer = torch.optim.AdamW(params, lr=1e-12, foreach=True)
+    micro = max(1, len(rollout) // (cfg.num_minibatches * cfg.gradient_accumulation_steps))
 
-    def do_update():
+    def update():
         for _ in range(cfg.ppo_epochs * cfg.num_minibatches):
-            for start in range(0, cfg.minibatch_size, micro):
-                rows = slice(start, start + micro)
-                chunk = tuple(a[rows] for a in args)
-                loss = response_logprobs(policy, *chunk, with_entropy=True)[0].mean()
-                if trainer.value_model is not None:
-                    loss = loss + response_values(trainer.value_model, *chunk).mean()
+            for start in range(0, len(rollout) // cfg.num_minibatches, micro):
+                chunk = tuple(a[start:start + micro] for a in args)
+                loss = response_logprobs(policy_copy, *chunk, with_entropy=True)[0].mean()
+                if critic_copy is not None:
+                    loss = loss + response_values(critic_copy, *chunk).mean()
                 loss.backward()
-            with torch.no_grad():
-                for p in params:
-                    if p.grad is not None:
-                        p.grad = None  # the floor counts the backward, not a parameter change
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
 
-    floor["update"] = _timed(do_update)
-    return floor
+    times["update"] = _timed(update)
+    return times
 
 
-def bench_preset(name: str, steps: int, warmup: int = 1) -> dict:
+# ---- one configuration -----------------------------------------------------------------------
+def bench_config(name: str, config, task=None, steps: int = 8, warmup: int = 2) -> dict:
     from ppo.trainer import RLTrainer
 
-    with tempfile.TemporaryDirectory() as tmp:
-        config = preset(name, testbed=True, output_dir=tmp, progress=False, eval_every=0)
-        trainer = RLTrainer(config)
-        step_times, phase_times, floors = [], {p: [] for p in PHASES}, {}
-        for i in range(warmup + steps):
-            metrics = trainer.train_step()
-            if i < warmup:
-                continue
-            step_times.append(metrics["time_step"])
-            for phase in PHASES:
-                phase_times[phase].append(metrics.get(f"time_{phase}", 0.0))
-            # the floor right after each step, same machine state, same batch shape
-            prompts = [p.prompt for p in trainer.prompt_pool.sample(config.prompts_per_step)
-                       for _ in range(config.group_size)]
-            for key, value in compute_floor(trainer, prompts).items():
-                floors.setdefault(key, []).append(value)
+    trainer = RLTrainer(config, task=task)
+    captured = {}
+    sample_and_score = trainer._sample_and_score
+
+    def capture(*args, **kwargs):  # keep the step's own batch for the floor and the calls alone
+        batch = sample_and_score(*args, **kwargs)
+        captured["rollout"] = batch.rollout
+        return batch
+
+    trainer._sample_and_score = capture
+    step_times, phase_times, flops, alone = [], defaultdict(list), defaultdict(list), defaultdict(list)
+    for i in range(warmup + steps):
+        metrics = trainer.train_step()
+        if i < warmup:
+            continue
+        step_times.append(metrics["time_step"])
+        for phase in PHASES:
+            phase_times[phase].append(metrics.get(f"time_{phase}", 0.0))
+        for key, value in floor_flops(trainer, captured["rollout"]).items():
+            flops[key].append(value)
+        for key, value in calls_alone(trainer, captured["rollout"]).items():
+            alone[key].append(value)
+    tokens = int(captured["rollout"].query_mask.sum() + captured["rollout"].response_mask.sum())
+    throughput = matmul_throughput(trainer.accelerator.unwrap_model(trainer.policy), tokens)
+    flops_median = {k: statistics.median(v) for k, v in flops.items()}
+    floor = sum(flops_median.values()) / throughput
     step = statistics.median(step_times)
-    floor_total = sum(statistics.median(v) for v in floors.values())
     return {
-        "preset": name,
-        "step": step,
-        "phases": {p: statistics.median(v) for p, v in phase_times.items()},
-        "floor": {k: statistics.median(v) for k, v in floors.items()},
-        "floor_total": floor_total,
-        "ratio": step / floor_total,
+        "name": name, "step": step, "floor": floor, "ratio": step / floor, "throughput": throughput,
+        "flops": flops_median, "phases": {p: statistics.median(v) for p, v in phase_times.items()},
+        "alone": {k: statistics.median(v) for k, v in alone.items()},
     }
 
 
+def bench_preset(name: str, steps: int, warmup: int = 2) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        config = preset(name, testbed=True, output_dir=tmp, progress=False, eval_every=0, save_every=0)
+        return bench_config(name, config, steps=steps, warmup=warmup)
+
+
+def bench_identical_work(kind: str, model_path: str, steps: int, warmup: int = 4) -> dict:
+    from .speed import AdditionTask, config_for
+
+    with tempfile.TemporaryDirectory() as tmp:
+        config = config_for(kind, model_path, 42, warmup + steps, tmp)
+        return bench_config(f"identical work: {kind}", config, task=AdditionTask(), steps=steps, warmup=warmup)
+
+
 def format_bench(results: list[dict]) -> str:
-    lines = []
+    lines = ["| setting | step (s) | floor (s) | step / floor | GFLOP per step | matmul GFLOP/s |",
+             "|---|---|---|---|---|---|"]
     for r in results:
-        lines.append(f"\n{r['preset']}: step {r['step']:.3f}s  floor {r['floor_total']:.3f}s  "
-                     f"step/floor {r['ratio']:.2f}")
-        lines.append(f"  {'phase':20s} {'in step (s)':>12s} {'floor (s)':>10s}")
+        lines.append(f"| {r['name']} | {r['step']:.4f} | {r['floor']:.4f} | {r['ratio']:.1f} | "
+                     f"{sum(r['flops'].values()) / 1e9:.2f} | {r['throughput'] / 1e9:.0f} |")
+    lines.append("")
+    lines.append("| setting | phase | in the step (s) | call alone (s) | floor FLOPs (GFLOP) |")
+    lines.append("|---|---|---|---|---|")
+    for r in results:
         for phase in PHASES:
-            floor = r["floor"].get(phase)
-            in_step = r["phases"][phase]
-            if in_step == 0.0 and floor is None:
+            in_step, alone, flops = r["phases"].get(phase, 0.0), r["alone"].get(phase), r["flops"].get(phase)
+            if in_step == 0.0 and alone is None and flops is None:
                 continue
-            lines.append(f"  {phase:20s} {in_step:12.3f} {floor if floor is not None else float('nan'):10.3f}")
+            alone_text = "-" if alone is None else f"{alone:.4f}"
+            flops_text = "-" if flops is None else f"{flops / 1e9:.3f}"
+            lines.append(f"| {r['name']} | {phase} | {in_step:.4f} | {alone_text} | {flops_text} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ablations bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=8, help="timed steps per preset (after one warm-up step)")
-    parser.add_argument("--presets", nargs="+", default=["alpacafarm", "grpo"])
+    parser.add_argument("--steps", type=int, default=8, help="timed steps per setting (after warm-up steps)")
+    parser.add_argument("--presets", nargs="*", default=["alpacafarm", "grpo"], help="testbed presets")
+    parser.add_argument("--identical-work", metavar="MODEL_DIR", default=None,
+                        help="also the GRPO and PPO work of `python -m ablations speed`, from this model")
     args = parser.parse_args(argv)
     results = [bench_preset(name, args.steps) for name in args.presets]
+    if args.identical_work:
+        results += [bench_identical_work(kind, args.identical_work, args.steps) for kind in ("grpo", "ppo")]
     print(format_bench(results))
     return 0
 

@@ -135,7 +135,12 @@ def check_update(values: dict[str, float], step: int) -> None:
 
 def check_parameters(parameters: Sequence[torch.nn.Parameter], step: int) -> None:
     """Stop on every rank when an optimizer step left a non-finite weight."""
-    finite = all(bool(torch.isfinite(p).all()) for p in parameters)
+    # One fused norm per parameter: a NaN or inf weight makes its norm non-finite. Only if a
+    # norm is non-finite (which a finite but huge tensor can also give) check element-wise.
+    parameters = [p for p in parameters]
+    finite = not parameters or bool(torch.isfinite(torch.stack(torch._foreach_norm(parameters))).all())
+    if not finite:
+        finite = all(bool(torch.isfinite(p).all()) for p in parameters)
     if distributed.any_rank(not finite):
         raise NonFiniteError(f"step {step}: the optimizer step made weights non-finite (learning rate too large?); "
                              "stopped before any checkpoint of them")

@@ -12,6 +12,13 @@ Implementation details that live here:
   so the response tokens are scored by the logits from the last query token up to the
   second-to-last response token. Values follow the same convention: the value of the
   state *before* emitting each response token.
+- **No padding columns** (exact): a batch is cut to its longest real sequence before the
+  forward pass (query columns that are padding in every row, response columns after every
+  row's stop token), and the outputs are padded back to ``[B, T]`` with zeros. A micro-batch
+  of short responses then costs what its tokens cost, not what the longest response of the
+  whole rollout batch costs.
+- **The lean forward** (`PPOConfig.lean_forward`, `ppo.lean_forward`): GPT-2 and Llama
+  models run through their own modules without the Hugging Face call plumbing.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .lean_forward import causal_lm_logits, scalar_head_values
 from .policy import position_ids_from_mask
 
 
@@ -27,6 +35,22 @@ def concat_query_response(query_ids, query_mask, response_ids, response_mask):
     input_ids = torch.cat([query_ids, response_ids], dim=1)  # [B, Q+T]
     attention_mask = torch.cat([query_mask, response_mask.to(query_mask.dtype)], dim=1)  # [B, Q+T]
     return input_ids, attention_mask, position_ids_from_mask(attention_mask)
+
+
+def trim_padding(query_ids, query_mask, response_ids, response_mask):
+    """Drop the query columns that are padding in every row (queries are left-padded) and the
+    response columns after every row's last real token; returns the four tensors cut."""
+    real_query = query_mask.bool().any(0).nonzero()
+    first = int(real_query[0]) if len(real_query) else query_ids.shape[1] - 1
+    first = min(first, query_ids.shape[1] - 1)  # keep at least one query column
+    real_response = response_mask.bool().any(0).nonzero()
+    width = int(real_response[-1]) + 1 if len(real_response) else 1
+    return (query_ids[:, first:], query_mask[:, first:], response_ids[:, :width], response_mask[:, :width])
+
+
+def _pad_columns(x: torch.Tensor, width: int) -> torch.Tensor:
+    """Zero-pad the last dimension of `x` ``[B, t]`` to ``[B, width]``."""
+    return x if x.shape[1] == width else F.pad(x, (0, width - x.shape[1]))
 
 
 def logprobs_from_logits(logits: torch.Tensor, tokens: torch.Tensor, temperature: float = 1.0,
@@ -53,15 +77,22 @@ def response_logprobs(model, query_ids, query_mask, response_ids, response_mask,
     Runs with or without autograd depending on the caller's context (wrap rollout-time
     calls in ``torch.no_grad()``).
     """
+    width = response_ids.shape[1]
+    query_ids, query_mask, response_ids, response_mask = trim_padding(query_ids, query_mask, response_ids, response_mask)
     input_ids, attention_mask, position_ids = concat_query_response(query_ids, query_mask, response_ids, response_mask)
     query_length = query_ids.shape[1]
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits  # [B, Q+T, V]
-    response_logits = logits[:, query_length - 1:-1]  # [B, T, V]: position t predicts token t+1
-    return logprobs_from_logits(response_logits, response_ids, temperature, with_entropy)
+    logits = causal_lm_logits(model, input_ids, attention_mask, position_ids)  # [B, Q+t, V]
+    response_logits = logits[:, query_length - 1:-1]  # [B, t, V]: position t predicts token t+1
+    out = logprobs_from_logits(response_logits, response_ids, temperature, with_entropy)
+    if not with_entropy:
+        return _pad_columns(out, width)
+    return _pad_columns(out[0], width), _pad_columns(out[1], width)
 
 
 def response_values(value_model, query_ids, query_mask, response_ids, response_mask) -> torch.Tensor:
     """The critic's value of the state before each response token, ``[B, T]``."""
+    width = response_ids.shape[1]
+    query_ids, query_mask, response_ids, response_mask = trim_padding(query_ids, query_mask, response_ids, response_mask)
     input_ids, attention_mask, position_ids = concat_query_response(query_ids, query_mask, response_ids, response_mask)
-    values = value_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)  # [B, Q+T]
-    return values[:, query_ids.shape[1] - 1:-1].float()  # [B, T]
+    values = scalar_head_values(value_model, input_ids, attention_mask, position_ids)  # [B, Q+t]
+    return _pad_columns(values[:, query_ids.shape[1] - 1:-1].float(), width)  # [B, T]

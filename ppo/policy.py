@@ -290,11 +290,13 @@ def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> li
     Raises ValueError on an empty prompt (naming its index). Length limits are applied by
     the caller (`truncate_prompt`).
     """
-    encoded = []
     for index, prompt in enumerate(prompts):
         if not prompt:
             raise ValueError(f"prompts[{index}]: empty prompt")
-        ids = tokenizer(prompt, add_special_tokens=True)["input_ids"]
+    encoded = []
+    batch = tokenizer(list(prompts), add_special_tokens=True)["input_ids"] if prompts else []  # one call
+    for ids in batch:
+        ids = list(ids)
         bos = tokenizer.bos_token_id
         if bos is not None and (not ids or ids[0] != bos):
             ids = [bos] + ids

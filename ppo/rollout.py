@@ -31,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
+from . import lean_forward
 from .policy import context_length, declared_stop_token_ids, encode_prompts, left_pad, truncate_prompt
 
 PROMPT_TRUNCATION_MODES = ("left", "right", "error")
@@ -172,6 +173,13 @@ def generate(
     device = next(model.parameters()).device
     query_ids, query_mask, truncated = encode_queries(tokenizer, prompts, max_prompt_length, prompt_truncation)
     query_ids, query_mask = query_ids.to(device), query_mask.to(device)
+    if lean_forward.lean_backbone(model) is not None and top_k == 0 and top_p == 1.0:
+        # The same sampling rule through the lean KV-cached loop (ppo/lean_forward.py).
+        raw_response, logits = lean_forward.sample(model, query_ids, query_mask, max_new_tokens, stop_token_ids,
+                                                   tokenizer.pad_token_id, temperature, greedy, return_logits)
+        response_ids, response_mask, has_eos = truncate_after_stop(raw_response, stop_token_ids,
+                                                                   tokenizer.pad_token_id)
+        return Rollout(query_ids, query_mask, response_ids, response_mask, has_eos, logits, truncated.to(device))
     generation_config = sampling_config(max_new_tokens, stop_token_ids, tokenizer.pad_token_id, temperature,
                                         greedy, top_k, top_p)
     generation_config.return_dict_in_generate = True

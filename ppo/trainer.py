@@ -39,7 +39,7 @@ from value_model import ScalarHeadModel
 from value_model.model import load_value_weights
 from value_model.reward_model import last_token_scores
 
-from . import distributed, guards, run_dir
+from . import distributed, guards, lean_forward, run_dir
 from .buffer import ExperienceBuffer, accumulation_weights
 from .config import PPOConfig, describe
 from .dynamic_sampling import ScoredBatch, sample_batch
@@ -213,6 +213,16 @@ class RLTrainer:
             self.ref_policy = AdapterDisabledReference(self.policy, self.accelerator.unwrap_model(self.policy))
         if self.reward_model is not None:
             self.reward_model = prepare_frozen(self.accelerator, self.reward_model)
+        # Speed (exact): the lean forward for GPT-2 / Llama, and the update's forward reused
+        # for old log-probs and values when the policy cannot move before it.
+        if config.lean_forward and config.mixed_precision == "no":  # autocast lives in the module call
+            lean_forward.enable(self.accelerator.unwrap_model(self.policy), self.ref_policy,
+                                self.accelerator.unwrap_model(self.value_model) if self.value_model is not None else None)
+        self.reuses_update_forward = (
+            config.reuse_update_forward and config.ppo_epochs == config.num_minibatches == 1
+            and config.gradient_accumulation_steps == 1 and not config.logprobs_from_generation
+            and not config.gradient_checkpointing
+            and not any(lean_forward.dropout_active(m) for m in (self.policy, self.value_model) if m is not None))
         self.kl_controller = make_kl_controller(config.kl_coef, config.adaptive_kl, config.kl_target, config.kl_horizon,
                                                 rule=config.kl_controller, k_beta=config.kl_k_beta)
         self.step = 0
@@ -249,9 +259,12 @@ class RLTrainer:
 
         # ---- 3. old log-probs, reference log-probs, values (no autograd) ---------------
         temperature = cfg.temperature if cfg.scale_logits_by_temperature else 1.0
+        update_forward = self._reused_update_forward(rollout, temperature, timer)  # {} unless reuse_update_forward
         with torch.no_grad(), scoring_mode(self.policy, self.value_model):
             with timer("policy_forward"):
-                if cfg.logprobs_from_generation:
+                if "logprobs" in update_forward:
+                    old_logprobs = update_forward["logprobs"].detach()
+                elif cfg.logprobs_from_generation:
                     old_logprobs = logprobs_from_logits(rollout.generation_logits, rollout.response_ids, temperature)
                 else:
                     old_logprobs = response_logprobs(self.policy, *self._rollout_args(rollout), temperature=temperature)
@@ -262,7 +275,8 @@ class RLTrainer:
             values = None
             if self.value_model is not None:
                 with timer("value_forward"):
-                    values = response_values(self.value_model, *self._rollout_args(rollout)) * response_mask  # [B, T]
+                    values = (update_forward["values"].detach() if "values" in update_forward else
+                              response_values(self.value_model, *self._rollout_args(rollout))) * response_mask  # [B, T]
 
         # ---- 4. per-token KL to the reference -----------------------------------------
         beta = self.kl_controller.value
@@ -322,6 +336,7 @@ class RLTrainer:
             buffer_tensors["ref_logprobs"] = ref_logprobs
         if values is not None:
             buffer_tensors["values"] = values
+        buffer_tensors.update({f"update_{name}": value for name, value in update_forward.items()})  # with autograd
         buffer = ExperienceBuffer(buffer_tensors)
         with timer("update"):
             update_metrics = self._update(buffer, beta, temperature)
@@ -423,7 +438,10 @@ class RLTrainer:
             minibatch_loss = 0.0  # checked for NaN / inf before the optimizer step
             for micro, weight, value_weight in zip(micro_batches, policy_weights, value_weights):
                 args = (micro["query_ids"], micro["query_mask"], micro["response_ids"], micro["response_mask"])
-                logprobs, entropy = response_logprobs(self.policy, *args, temperature=temperature, with_entropy=True)
+                if "update_logprobs" in micro:  # computed before the advantages (reuse_update_forward)
+                    logprobs, entropy = micro["update_logprobs"], micro["update_entropy"]
+                else:
+                    logprobs, entropy = response_logprobs(self.policy, *args, temperature=temperature, with_entropy=True)
                 mask = micro["loss_mask"]
                 loss, metrics = policy_loss(logprobs, micro["old_logprobs"], micro["advantages"], mask,
                                             clip_low=cfg.cliprange, clip_high=cfg.cliprange_high,
@@ -445,7 +463,8 @@ class RLTrainer:
                 loss = loss * weight
                 vf_metrics = {}
                 if self.value_model is not None:
-                    new_values = response_values(self.value_model, *args)  # [b, T]
+                    new_values = micro["update_values"] if "update_values" in micro else \
+                        response_values(self.value_model, *args)  # [b, T]
                     vf_loss, vf_metrics = value_loss(new_values, micro["values"], micro["returns"], mask,
                                                      clip_range_value=cfg.cliprange_value)
                     # One backward for both: the critic's graph is separate, so its gradients
@@ -474,6 +493,21 @@ class RLTrainer:
         averaged.update({key: value / max(optimizer_steps, 1) for key, value in step_sums.items()})
         averaged["early_stopped"] = float(stop_early)
         return averaged
+
+    def _reused_update_forward(self, rollout: Rollout, temperature: float, timer: PhaseTimer) -> dict:
+        """The update's only forward pass, run now with autograd, when it is also the old
+        policy's (PPOConfig.reuse_update_forward): log-probs, entropies and values ``[B, T]``."""
+        if not self.reuses_update_forward:
+            return {}
+        with timer("update"):
+            self.policy.train()
+            logprobs, entropy = response_logprobs(self.policy, *self._rollout_args(rollout), temperature=temperature,
+                                                  with_entropy=True)
+            reused = {"logprobs": logprobs, "entropy": entropy}
+            if self.value_model is not None:
+                self.value_model.train()
+                reused["values"] = response_values(self.value_model, *self._rollout_args(rollout))
+        return reused
 
     @staticmethod
     def _per_level_advantage(problems, advantages: torch.Tensor, response_mask: torch.Tensor) -> dict:
@@ -536,7 +570,9 @@ class RLTrainer:
 
     def _build_optimizers(self, policy):
         cfg = self.config
-        adam = dict(eps=cfg.adam_eps, weight_decay=cfg.weight_decay)
+        # foreach: one fused kernel per state tensor kind instead of a loop over parameters;
+        # the same arithmetic (bitwise equal on CPU, tested), and torch's default on GPUs.
+        adam = dict(eps=cfg.adam_eps, weight_decay=cfg.weight_decay, foreach=True)
         if self.value_model is None:
             return torch.optim.AdamW(_trainable(policy), lr=cfg.lr, **adam), None
         value_lr = cfg.value_lr if cfg.value_lr is not None else cfg.lr

@@ -1,19 +1,86 @@
-from ablations.bench import compute_floor, format_bench
+"""The compute floor: FLOPs counted on real tokens only, and the passes a step cannot avoid."""
+
+from types import SimpleNamespace
+
+import torch
+
+from ablations.bench import calls_alone, floor_flops, format_bench, matmul_throughput, model_flops, real_token_groups
 from ppo.config import PPOConfig
+from ppo.rollout import Rollout
 from ppo.trainer import RLTrainer
 
 
-def test_compute_floor_times_each_model_call(tmp_path, tiny_model_dir):
-    config = PPOConfig(model_path=str(tiny_model_dir), output_dir=str(tmp_path), rollout_batch_size=8,
-                       num_minibatches=2, ppo_epochs=2, response_length=8, progress=False, threads=1)
-    trainer = RLTrainer(config)
-    floor = compute_floor(trainer, ["1+2="] * 8)
-    assert set(floor) == {"generate", "policy_forward", "reference_forward", "value_forward", "update"}
-    assert all(seconds > 0 for seconds in floor.values())
-    # the floor leaves no gradients behind and does not change the policy
-    assert all(p.grad is None for p in trainer.policy.parameters())
-    text = format_bench([{"preset": "x", "step": 2.0, "floor_total": 1.0, "ratio": 2.0,
-                          "phases": {p: 0.1 for p in ("generate", "score", "policy_forward", "reference_forward",
-                                                      "value_forward", "rewards", "advantages", "update")},
-                          "floor": floor}])
-    assert "step/floor 2.00" in text
+class LinearLM(torch.nn.Module):
+    """Embedding then one bias-free linear layer: 2 * tokens * H * V FLOPs forward."""
+
+    def __init__(self, vocab=7, hidden=5):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, hidden)
+        self.out = torch.nn.Linear(hidden, vocab, bias=False)
+
+    def forward(self, input_ids, attention_mask=None, position_ids=None):
+        return SimpleNamespace(logits=self.out(self.embed(input_ids)))
+
+
+def _rollout():
+    # row 0: 2 real query tokens + 3 real response tokens; row 1: 3 + 1; row 2: 1 + 4
+    query_ids = torch.tensor([[0, 4, 5], [4, 5, 6], [0, 0, 4]])
+    query_mask = torch.tensor([[0, 1, 1], [1, 1, 1], [0, 0, 1]])
+    response_ids = torch.tensor([[1, 2, 3, 0], [2, 0, 0, 0], [1, 1, 2, 3]])
+    response_mask = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0], [1, 1, 1, 1]])
+    return Rollout(query_ids, query_mask, response_ids, response_mask, torch.tensor([True, True, False]))
+
+
+def test_real_tokens_are_grouped_by_length_without_padding():
+    groups = real_token_groups(_rollout())
+    assert [g.tolist() for g in groups] == [[[4, 5, 6, 2]], [[4, 5, 1, 2, 3], [4, 1, 1, 2, 3]]]
+
+
+def test_flops_are_counted_on_real_tokens_forward_and_backward():
+    model = LinearLM(vocab=7, hidden=5)
+    groups = real_token_groups(_rollout())  # 4 + 5 + 5 = 14 real tokens (15 padded columns x 3 rows = 21)
+    assert model_flops(model, groups, backward=False) == 2 * 14 * 5 * 7
+    # backward: the input gradient and the weight gradient, each as large as the forward
+    assert model_flops(model, groups, backward=True) == 3 * 2 * 14 * 5 * 7
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_floor_counts_only_unavoidable_passes(tmp_path, tiny_model_dir):
+    base = dict(model_path=str(tiny_model_dir), rollout_batch_size=8, response_length=8, progress=False,
+                value_init="policy", eval_every=0)
+    ppo = RLTrainer(PPOConfig(output_dir=str(tmp_path / "p"), ppo_epochs=2, num_minibatches=2, **base))
+    torch.manual_seed(0)
+    rollout = ppo._sample_and_score(ppo.accelerator.unwrap_model(ppo.policy), 8,
+                                    _NullTimer()).rollout
+    flops = floor_flops(ppo, rollout)
+    # two optimizer steps per batch: the old critic's values need their own pass
+    assert set(flops) == {"generate", "reference_forward", "value_forward", "update"}
+    assert flops["reference_forward"] == flops["generate"]
+    # each epoch: forward + backward (3x a forward) of policy and of a same-sized critic
+    assert flops["update"] > 2 * 3 * flops["generate"]
+    one_step = RLTrainer(PPOConfig(output_dir=str(tmp_path / "o"), ppo_epochs=1, num_minibatches=1, kl_coef=0.0,
+                                   **base))
+    assert set(floor_flops(one_step, rollout)) == {"generate", "update"}
+    # the per-call table works on copies: the trained models are untouched
+    before = [p.detach().clone() for p in ppo.policy.parameters()]
+    times = calls_alone(ppo, rollout)
+    assert {"generate", "reference_forward", "update"} <= set(times) and all(t > 0 for t in times.values())
+    assert all(torch.equal(a, b) for a, b in zip(before, ppo.policy.parameters()))
+    assert all(p.grad is None for p in ppo.policy.parameters())
+    assert matmul_throughput(torch.nn.Linear(16, 16), tokens=32, repeats=2) > 1e6
+
+
+class _NullTimer:
+    def __call__(self, phase):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
+def test_format_bench_reports_ratio_and_phases():
+    result = {"name": "x", "step": 2.0, "floor": 0.5, "ratio": 4.0, "throughput": 1e11,
+              "flops": {"generate": 1e9, "update": 3e9}, "phases": {"generate": 0.5, "update": 1.2},
+              "alone": {"generate": 0.4, "update": 1.0}}
+    text = format_bench([result])
+    assert "| x | 2.0000 | 0.5000 | 4.0 | 4.00 | 100 |" in text
+    assert "| x | update | 1.2000 | 1.0000 | 3.000 |" in text

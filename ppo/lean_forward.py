@@ -1,0 +1,265 @@
+"""A lean forward pass and KV-cached sampling loop for GPT-2 and Llama models.
+
+`PPOConfig.lean_forward` (on by default). Every forward pass of an RL step (generation,
+old / reference log-probs, values, the update) goes through a Hugging Face model's
+``forward``, which on every call builds a 4-D mask, dispatches the attention kernel, wraps
+caches and outputs in objects and checks its arguments. For the small models of the
+testbed that plumbing costs as much as the arithmetic; `generate` adds per-token logits
+processors and stopping criteria on top.
+
+Here the same modules (the model's own embeddings, linear layers, norms and activation
+functions, with their weights) are called directly, with one precomputed additive mask
+and plain matmul attention (the 'eager' kernel). It is the same math in the same order:
+log-probs agree with the module call to float rounding (tests/test_lean_forward.py), and
+gradients reach the same parameters, so optimizers, checkpoints and LoRA-free training are
+unchanged. The sampling loop keeps one key/value buffer per layer and draws each token with
+``torch.multinomial`` on softmax(logits / T), the rule `generate` uses, so a seed gives the
+same samples (tested).
+
+Used only where it is the same computation: a plain `GPT2LMHeadModel` / `LlamaForCausalLM`
+(or their backbones inside a `ScalarHeadModel`) in eval mode or with every dropout at 0,
+without gradient checkpointing, not wrapped by DDP or peft, GPT-2 without the
+``reorder_and_upcast_attn`` variant. Anything else falls back to the module call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+LEAN_ATTRIBUTE = "_lean_forward_backbone"
+
+
+def _backbone_kind(backbone: nn.Module) -> str | None:
+    name = type(backbone).__name__
+    if name == "GPT2Model" and not getattr(backbone.config, "reorder_and_upcast_attn", False):
+        return "gpt2"
+    if name == "LlamaModel":
+        return "llama"
+    return None
+
+
+def dropout_active(model: nn.Module) -> bool:
+    """Whether any dropout of `model` would change its outputs in train mode: an
+    `nn.Dropout` or a float ``*drop*`` attribute a module reads at run time (attention
+    dropout), above 0 (`ppo.policy.disable_dropout` sets them all to 0)."""
+    for module in model.modules():
+        if isinstance(module, nn.modules.dropout._DropoutNd) and module.p > 0:
+            return True
+        if any(isinstance(v, float) and "drop" in k.lower() and v > 0 for k, v in vars(module).items()):
+            return True
+    return False
+
+
+def supported_backbone(model: nn.Module) -> nn.Module | None:
+    """The HF backbone (GPT2Model / LlamaModel) of `model` if the lean path computes exactly
+    what its forward computes, else None."""
+    if type(model).__name__ in ("GPT2LMHeadModel", "LlamaForCausalLM"):
+        backbone = model.base_model
+    elif hasattr(model, "backbone") and hasattr(model, "head"):  # value_model.ScalarHeadModel
+        backbone = model.backbone
+    else:
+        return None
+    if _backbone_kind(backbone) is None or getattr(backbone, "gradient_checkpointing", False):
+        return None
+    if dropout_active(backbone):
+        return None
+    return backbone
+
+
+def enable(*models: nn.Module | None) -> list[str]:
+    """Mark each supported model for the lean path; returns the class names that were not
+    supported (they keep their module call)."""
+    skipped = []
+    for model in models:
+        if model is None:
+            continue
+        backbone = supported_backbone(model)
+        if backbone is None:
+            skipped.append(type(model).__name__)
+        else:
+            setattr(model, LEAN_ATTRIBUTE, backbone)
+    return skipped
+
+
+def lean_backbone(model: nn.Module) -> nn.Module | None:
+    return getattr(model, LEAN_ATTRIBUTE, None)
+
+
+# ---- masks ------------------------------------------------------------------------------------
+def additive_mask(key_mask: torch.Tensor, query_length: int, dtype: torch.dtype) -> torch.Tensor:
+    """``[B, 1, Lq, Lk]``: 0 where query i may attend key j (j <= its position, key real),
+    the dtype's most negative number elsewhere (finite, so an all-padding row stays finite
+    and contributes nothing)."""
+    key_length = key_mask.shape[1]
+    offset = key_length - query_length  # queries are the last Lq positions
+    causal = torch.ones(query_length, key_length, dtype=torch.bool, device=key_mask.device).tril(offset)
+    allowed = causal[None] & key_mask.bool()[:, None, :]  # [B, Lq, Lk]
+    bias = torch.zeros(allowed.shape, dtype=dtype, device=key_mask.device)
+    return bias.masked_fill_(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+# ---- the blocks -------------------------------------------------------------------------------
+@dataclass
+class KVCache:
+    """Keys and values of every layer, ``[B, heads, capacity, head_dim]``, filled up to `length`."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    length: int = 0
+
+
+def _attend(query, key, value, bias, scaling):
+    weights = torch.matmul(query, key.transpose(-1, -2)) * scaling + bias  # [B, h, Lq, Lk]
+    weights = torch.softmax(weights, dim=-1).type(value.dtype)
+    return torch.matmul(weights, value).transpose(1, 2)  # [B, Lq, h, d]
+
+
+def _store(cache: KVCache | None, layer: int, key, value):
+    """Append this call's keys/values to the cache; return everything cached so far."""
+    if cache is None:
+        return key, value
+    start, stop = cache.length, cache.length + key.shape[2]
+    cache.keys[layer][:, :, start:stop] = key
+    cache.values[layer][:, :, start:stop] = value
+    return cache.keys[layer][:, :, :stop], cache.values[layer][:, :, :stop]
+
+
+def _conv1d(layer, x):
+    """GPT-2's `Conv1D` (x @ W + b) as the module computes it, without the module call."""
+    return torch.addmm(layer.bias, x.reshape(-1, x.shape[-1]), layer.weight).view(*x.shape[:-1], layer.nf)
+
+
+def _layer_norm(norm, x):
+    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+
+
+def _gpt2_hidden(backbone, input_ids, position_ids, bias, cache):
+    x = F.embedding(input_ids, backbone.wte.weight) + F.embedding(position_ids, backbone.wpe.weight)
+    for index, block in enumerate(backbone.h):
+        attn, mlp = block.attn, block.mlp
+        query, key, value = _conv1d(attn.c_attn, _layer_norm(block.ln_1, x)).split(attn.split_size, dim=2)
+        shape = (*query.shape[:-1], -1, attn.head_dim)
+        query, key, value = (t.view(shape).transpose(1, 2) for t in (query, key, value))
+        key, value = _store(cache, index, key, value)
+        out = _attend(query, key, value, bias, attn.scaling)
+        x = x + _conv1d(attn.c_proj, out.reshape(*out.shape[:-2], -1))
+        x = x + _conv1d(mlp.c_proj, mlp.act(_conv1d(mlp.c_fc, _layer_norm(block.ln_2, x))))
+    return _layer_norm(backbone.ln_f, x)
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _llama_hidden(backbone, input_ids, position_ids, bias, cache):
+    x = backbone.embed_tokens(input_ids)
+    cos, sin = backbone.rotary_emb(x, position_ids)
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    for index, layer in enumerate(backbone.layers):
+        attn = layer.self_attn
+        h = layer.input_layernorm(x)
+        shape = (*h.shape[:-1], -1, attn.head_dim)
+        query = attn.q_proj(h).view(shape).transpose(1, 2)
+        key = attn.k_proj(h).view(shape).transpose(1, 2)
+        value = attn.v_proj(h).view(shape).transpose(1, 2)
+        query = query * cos + _rotate_half(query) * sin
+        key = key * cos + _rotate_half(key) * sin
+        key, value = _store(cache, index, key, value)
+        if attn.num_key_value_groups > 1:
+            key = key.repeat_interleave(attn.num_key_value_groups, dim=1)
+            value = value.repeat_interleave(attn.num_key_value_groups, dim=1)
+        out = _attend(query, key, value, bias, attn.scaling)
+        x = x + attn.o_proj(out.reshape(*out.shape[:-2], -1))
+        x = x + layer.mlp(layer.post_attention_layernorm(x))
+    return backbone.norm(x)
+
+
+def hidden_states(backbone, input_ids, position_ids, key_mask, cache: KVCache | None = None) -> torch.Tensor:
+    """Final hidden states ``[B, L, H]`` of `input_ids` (attending to `key_mask`'s real keys,
+    which covers the cached positions plus these)."""
+    dtype = backbone.get_input_embeddings().weight.dtype
+    if torch.is_autocast_enabled(input_ids.device.type):
+        dtype = torch.get_autocast_dtype(input_ids.device.type)
+    bias = additive_mask(key_mask, input_ids.shape[1], torch.float32 if dtype == torch.float32 else dtype)
+    run = _gpt2_hidden if _backbone_kind(backbone) == "gpt2" else _llama_hidden
+    out = run(backbone, input_ids, position_ids, bias, cache)
+    if cache is not None:
+        cache.length += input_ids.shape[1]
+    return out
+
+
+def causal_lm_logits(model, input_ids, attention_mask, position_ids) -> torch.Tensor:
+    """Logits ``[B, L, V]``: the lean path when `model` is marked for it, else ``model(...)``."""
+    backbone = lean_backbone(model)
+    if backbone is None:
+        return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+    return model.lm_head(hidden_states(backbone, input_ids, position_ids, attention_mask))
+
+
+def scalar_head_values(model, input_ids, attention_mask, position_ids) -> torch.Tensor:
+    """A `ScalarHeadModel`'s outputs ``[B, L]``, through the lean path when marked."""
+    backbone = lean_backbone(model)
+    if backbone is None:
+        return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+    return model.head(hidden_states(backbone, input_ids, position_ids, attention_mask)).squeeze(-1)
+
+
+# ---- sampling --------------------------------------------------------------------------------
+@torch.no_grad()
+def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, max_new_tokens: int,
+           stop_token_ids: list[int], pad_token_id: int, temperature: float = 1.0, greedy: bool = False,
+           return_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Sample up to `max_new_tokens` per row with a KV cache; returns the new tokens
+    ``[B, T]`` (pad after a row's stop token; T stops growing once every row has stopped)
+    and, if asked, the raw logits of each step ``[B, T, V]``.
+
+    The rule is `generate`'s with pure sampling: logits in float32 divided by the
+    temperature, softmax, one ``torch.multinomial`` draw per row per step (finished rows
+    draw too and are overwritten by pad), or argmax when greedy.
+    """
+    backbone = lean_backbone(model)
+    batch, prompt_length = query_ids.shape
+    config = backbone.config
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    weight = backbone.get_input_embeddings().weight
+    capacity = prompt_length + max_new_tokens
+    layers = config.num_hidden_layers
+    cache = KVCache(keys=[weight.new_empty(batch, heads, capacity, head_dim) for _ in range(layers)],
+                    values=[weight.new_empty(batch, heads, capacity, head_dim) for _ in range(layers)])
+    key_mask = torch.zeros(batch, capacity, dtype=torch.long, device=query_ids.device)
+    key_mask[:, :prompt_length] = query_mask
+    # positions as `generate` gives them: counted over real tokens, padding gets 1
+    positions = query_mask.long().cumsum(-1) - 1
+    positions = positions.masked_fill(query_mask == 0, 1)
+    next_position = positions[:, -1:] + 1  # [B, 1]
+    stops = torch.tensor(stop_token_ids, device=query_ids.device)
+    unfinished = torch.ones(batch, dtype=torch.long, device=query_ids.device)
+    tokens, step_logits = [], []
+    inputs = query_ids
+    for step in range(max_new_tokens):
+        width = cache.length + inputs.shape[1]
+        hidden = hidden_states(backbone, inputs, positions, key_mask[:, :width], cache)
+        logits = model.lm_head(hidden[:, -1:]).squeeze(1).float()  # [B, V]
+        if return_logits:
+            step_logits.append(logits)
+        if greedy:
+            new = logits.argmax(-1)
+        else:
+            probs = torch.softmax(logits / temperature, dim=-1)
+            new = torch.multinomial(probs, num_samples=1).squeeze(1)
+        new = new * unfinished + pad_token_id * (1 - unfinished)
+        tokens.append(new)
+        unfinished = unfinished & ~torch.isin(new, stops)
+        if not unfinished.any() or step == max_new_tokens - 1:
+            break
+        key_mask[:, width] = 1
+        inputs, positions = new[:, None], next_position
+        next_position = next_position + 1
+    response = torch.stack(tokens, dim=1)  # [B, T]
+    return response, (torch.stack(step_logits, dim=1) if return_logits else None)

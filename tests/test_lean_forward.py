@@ -1,0 +1,174 @@
+"""The exact speed-ups leave results unchanged: the lean forward and sampling loop
+(`lean_forward`), the update's forward reused for old log-probs and values
+(`reuse_update_forward`), and padding columns cut before a forward pass."""
+
+import copy
+
+import pytest
+import torch
+
+from ppo import lean_forward
+from ppo.config import PPOConfig, preset
+from ppo.logprobs import response_logprobs, response_values, trim_padding
+from ppo.rollout import generate
+from ppo.tiny_model import TinyModelConfig, build_tiny_model
+from ppo.trainer import RLTrainer
+from value_model import ScalarHeadModel
+
+PROMPTS = ["12+35=", "1+2=", "99+99=", "7=", "3*4=", "10-9="] * 4
+
+
+def tiny(arch, tokenizer, **kwargs):
+    torch.manual_seed(0)
+    model = build_tiny_model(TinyModelConfig(arch=arch, hidden_size=32, num_layers=2, num_heads=2,
+                                             intermediate_size=64, **kwargs), tokenizer)
+    return model.eval()
+
+
+def plain_and_lean(model):
+    lean = copy.deepcopy(model)
+    assert lean_forward.enable(lean) == []
+    return model, lean
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_lean_sampling_gives_generates_samples_and_log_probs(char_tokenizer, arch):
+    plain, lean = plain_and_lean(tiny(arch, char_tokenizer))
+    for temperature, greedy in ((1.0, False), (0.7, False), (1.0, True)):
+        torch.manual_seed(3)
+        expected = generate(plain, char_tokenizer, PROMPTS, 10, temperature=temperature, greedy=greedy,
+                            return_logits=True)
+        torch.manual_seed(3)
+        got = generate(lean, char_tokenizer, PROMPTS, 10, temperature=temperature, greedy=greedy,
+                       return_logits=True)
+        assert torch.equal(got.response_ids, expected.response_ids)  # the same samples for a seed
+        assert torch.equal(got.response_mask, expected.response_mask) and torch.equal(got.has_eos, expected.has_eos)
+        torch.testing.assert_close(got.generation_logits, expected.generation_logits, atol=1e-5, rtol=1e-5)
+        # the lean sampler really ran: rows stop being extended once every row has stopped
+        assert got.response_ids.shape[1] <= 10
+    args = (expected.query_ids, expected.query_mask, expected.response_ids, expected.response_mask)
+    mask = expected.response_mask.bool()
+    torch.testing.assert_close(response_logprobs(lean, *args)[mask], response_logprobs(plain, *args)[mask],
+                               atol=1e-6, rtol=1e-6)
+    lean_lp, lean_entropy = response_logprobs(lean, *args, with_entropy=True)
+    lean_lp.sum().backward()  # gradients reach the model's own parameters
+    assert all(p.grad is not None for p in lean.parameters() if p.requires_grad)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_lean_values_match_the_scalar_head_model(char_tokenizer, arch):
+    policy = tiny(arch, char_tokenizer)
+    critic = ScalarHeadModel.from_policy(policy, head_init="normal").eval()
+    lean = copy.deepcopy(critic)
+    assert lean_forward.enable(lean) == []
+    torch.manual_seed(0)
+    rollout = generate(policy, char_tokenizer, PROMPTS, 8)
+    args = (rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.response_mask)
+    mask = rollout.response_mask.bool()
+    torch.testing.assert_close(response_values(lean, *args)[mask], response_values(critic, *args)[mask],
+                               atol=1e-6, rtol=1e-6)
+
+
+def test_lean_path_is_refused_where_it_would_compute_something_else(char_tokenizer):
+    with_dropout = tiny("gpt2", char_tokenizer, dropout=0.1)
+    assert lean_forward.enable(with_dropout) == ["GPT2LMHeadModel"]
+    assert lean_forward.lean_backbone(with_dropout) is None
+    model = tiny("llama", char_tokenizer)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    assert lean_forward.enable(model) == ["LlamaForCausalLM"]
+    assert lean_forward.enable(torch.nn.Linear(2, 2)) == ["Linear"]
+
+
+def test_padding_columns_are_cut_and_restored_exactly(char_tokenizer):
+    model = tiny("llama", char_tokenizer)
+    torch.manual_seed(1)
+    rollout = generate(model, char_tokenizer, PROMPTS[:6], 6)
+    q, qm, r, rm = rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.response_mask
+    # Two extra padding columns on each side: cut before the forward, zeros after it.
+    pad = char_tokenizer.pad_token_id
+    wide = (torch.cat([torch.full((len(q), 2), pad), q], 1), torch.cat([torch.zeros(len(q), 2, dtype=qm.dtype), qm], 1),
+            torch.cat([r, torch.full((len(r), 2), pad)], 1), torch.cat([rm, torch.zeros(len(r), 2, dtype=rm.dtype)], 1))
+    cut = trim_padding(*wide)
+    assert [t.shape for t in cut] == [q.shape, qm.shape, r.shape, rm.shape]
+    narrow = response_logprobs(model, q, qm, r, rm)
+    padded = response_logprobs(model, *wide)
+    assert padded.shape == (len(r), r.shape[1] + 2)
+    torch.testing.assert_close(padded[:, :r.shape[1]] * rm, narrow * rm, atol=1e-6, rtol=0)
+    assert torch.equal(padded[:, r.shape[1]:], torch.zeros(len(r), 2))
+
+
+def _count_ones(prompts, responses):
+    return [float(r.count("1")) for r in responses]
+
+
+def _run(config, steps=3):
+    trainer = RLTrainer(config, prompts=["1+1=", "2+3=", "9+9=", "4+1="], reward_fn=_count_ones)
+    rows = [trainer.train_step() for _ in range(steps)]
+    weights = torch.cat([p.detach().flatten() for p in trainer.policy.parameters()])
+    if trainer.value_model is not None:
+        weights = torch.cat([weights] + [p.detach().flatten() for p in trainer.value_model.parameters()])
+    return trainer, rows, weights
+
+
+def _assert_same_run(a, b, tolerance):
+    (_, rows_a, weights_a), (_, rows_b, weights_b) = a, b
+    torch.testing.assert_close(weights_a, weights_b, atol=tolerance, rtol=tolerance)
+    for row_a, row_b in zip(rows_a, rows_b):
+        for key, value in row_a.items():
+            if key.startswith("time_") or not isinstance(value, float):
+                continue
+            assert row_b[key] == pytest.approx(value, rel=tolerance, abs=tolerance, nan_ok=True), key
+
+
+SETTINGS = dict(task="custom", rollout_batch_size=8, response_length=8, total_steps=3, eval_every=0, save_every=0,
+                progress=False, log_samples=0, lr=3e-3, ppo_epochs=1, num_minibatches=1, value_init="policy")
+
+
+@pytest.mark.parametrize("name", ["grpo", "alpacafarm"])
+def test_reusing_the_update_forward_changes_nothing(tmp_path, tiny_model_dir, name):
+    """One epoch of one minibatch: old log-probs and values from the update's own forward
+    pass give the same metrics and weights as a separate forward pass."""
+    config = preset(name, model_path=str(tiny_model_dir), output_dir=str(tmp_path / "a"),
+                    group_size=4 if name == "grpo" else 1, **SETTINGS)
+    reused = _run(config)
+    assert reused[0].reuses_update_forward
+    separate = _run(config.replace(reuse_update_forward=False, output_dir=str(tmp_path / "b")))
+    assert not separate[0].reuses_update_forward
+    _assert_same_run(reused, separate, 1e-6)
+    assert reused[1][-1]["time_policy_forward"] < separate[1][-1]["time_policy_forward"]
+    # more than one optimizer step per batch: the old policy needs its own pass
+    multi = RLTrainer(config.replace(ppo_epochs=2, output_dir=str(tmp_path / "c")), prompts=["1+1="],
+                      reward_fn=_count_ones)
+    assert not multi.reuses_update_forward
+
+
+@pytest.mark.parametrize("name", ["grpo", "alpacafarm"])
+def test_lean_forward_changes_nothing_but_rounding(tmp_path, tiny_model_dir, name):
+    config = preset(name, model_path=str(tiny_model_dir), output_dir=str(tmp_path / "a"),
+                    group_size=4 if name == "grpo" else 1, **{**SETTINGS, "ppo_epochs": 2})
+    lean = _run(config)
+    assert lean_forward.lean_backbone(lean[0].accelerator.unwrap_model(lean[0].policy)) is not None
+    plain = _run(config.replace(lean_forward=False, output_dir=str(tmp_path / "b")))
+    assert lean_forward.lean_backbone(plain[0].accelerator.unwrap_model(plain[0].policy)) is None
+    _assert_same_run(lean, plain, 1e-5)
+
+
+def test_adamw_foreach_is_bitwise_the_single_tensor_loop():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 3))
+    twin = copy.deepcopy(model)
+    fused = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-8, foreach=True)
+    loop = torch.optim.AdamW(twin.parameters(), lr=1e-2, eps=1e-8, foreach=False)
+    for step in range(4):
+        for p, q in zip(model.parameters(), twin.parameters()):
+            g = torch.randn_like(p)
+            p.grad, q.grad = g.clone(), g.clone()
+        fused.step()
+        loop.step()
+    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
+
+
+def test_config_documents_the_speed_fields():
+    help_text = PPOConfig.__dataclass_fields__["reuse_update_forward"].metadata
+    assert PPOConfig().lean_forward and PPOConfig().reuse_update_forward
+    assert help_text  # described like every field (docs row checked in test_docs)

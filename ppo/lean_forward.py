@@ -81,12 +81,14 @@ def enable(*models: nn.Module | None) -> list[str]:
         if backbone is None:
             skipped.append(type(model).__name__)
         else:
-            setattr(model, LEAN_ATTRIBUTE, backbone)
+            # A plain attribute, not a registered submodule: state_dict and save_pretrained
+            # must not see the backbone twice.
+            object.__setattr__(model, LEAN_ATTRIBUTE, backbone)
     return skipped
 
 
 def lean_backbone(model: nn.Module) -> nn.Module | None:
-    return getattr(model, LEAN_ATTRIBUTE, None)
+    return model.__dict__.get(LEAN_ATTRIBUTE)
 
 
 # ---- masks ------------------------------------------------------------------------------------

@@ -221,7 +221,6 @@ class RLTrainer:
         self.reuses_update_forward = (
             config.reuse_update_forward and config.ppo_epochs == config.num_minibatches == 1
             and config.gradient_accumulation_steps == 1 and not config.logprobs_from_generation
-            and not config.gradient_checkpointing
             and not any(lean_forward.dropout_active(m) for m in (self.policy, self.value_model) if m is not None))
         self.kl_controller = make_kl_controller(config.kl_coef, config.adaptive_kl, config.kl_target, config.kl_horizon,
                                                 rule=config.kl_controller, k_beta=config.kl_k_beta)

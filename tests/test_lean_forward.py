@@ -50,6 +50,7 @@ def test_lean_sampling_gives_generates_samples_and_log_probs(char_tokenizer, arc
     mask = expected.response_mask.bool()
     torch.testing.assert_close(response_logprobs(lean, *args)[mask], response_logprobs(plain, *args)[mask],
                                atol=1e-6, rtol=1e-6)
+    assert lean.state_dict().keys() == plain.state_dict().keys()  # the marker is not a submodule
     lean_lp, lean_entropy = response_logprobs(lean, *args, with_entropy=True)
     lean_lp.sum().backward()  # gradients reach the model's own parameters
     assert all(p.grad is not None for p in lean.parameters() if p.requires_grad)

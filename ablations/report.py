@@ -68,6 +68,11 @@ SEED_DIR = re.compile(r"^seed(\d+)$")
 # Two-sided 95% Student-t quantiles t_{0.975, df} for df = n - 1 = 1..9 (n = 2..10 seeds),
 # written out so the report needs no scipy.
 T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
+# One-sided t_{0.80, df}, for the smallest difference detectable with 80% power.
+T_80 = {1: 1.376, 2: 1.061, 3: 0.978, 4: 0.941, 5: 0.920, 6: 0.906, 7: 0.896, 8: 0.889, 9: 0.883}
+# Columns compared between variants seed by seed (`paired_differences`).
+PAIRED_COLUMNS = ("final_sampled_accuracy", "final_greedy_accuracy", "metric_value", "reward", "kl", "kl_k1",
+                  "entropy", "response_length_correct", "response_length_incorrect", "wall_seconds")
 
 # Fixed per-run columns, in CSV order; extra-metric columns follow.
 RUN_COLUMNS = (
@@ -311,15 +316,25 @@ def collect_runs(sweep_dir: str | Path) -> list[dict]:
 # ==========================================================================================
 # Statistics over seeds
 # ==========================================================================================
-def t_quantile_975(df: int) -> float:
-    """t_{0.975, df}: the table for df <= 9, a Cornish-Fisher expansion beyond (error < 1e-3)."""
+def _t_quantile(z: float, table: dict[int, float], df: int) -> float:
+    """A Student-t quantile: `table` for small df, else a Cornish-Fisher expansion around the
+    normal quantile `z` (error < 1e-3 for df >= 10)."""
     if df < 1:
         raise ValueError(f"df must be >= 1, got {df}")
-    if df in T_975:
-        return T_975[df]
-    z = 1.959964  # the normal quantile; the series corrects it for the heavier t tails
+    if df in table:
+        return table[df]
     return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
             + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
+
+
+def t_quantile_975(df: int) -> float:
+    """t_{0.975, df}: the two-sided 95% quantile."""
+    return _t_quantile(1.959964, T_975, df)
+
+
+def t_quantile_80(df: int) -> float:
+    """t_{0.80, df}: the quantile for 80% power in `paired_difference`'s detectable size."""
+    return _t_quantile(0.841621, T_80, df)
 
 
 def mean_ci95(values: Iterable[float]) -> dict:
@@ -336,6 +351,72 @@ def mean_ci95(values: Iterable[float]) -> dict:
         return {"mean": float(finite[0]), "sd": float("nan"), "ci": float("nan"), "n": 1}
     sd = float(finite.std(ddof=1))  # sample sd: seeds are a sample of the seed distribution
     return {"mean": float(finite.mean()), "sd": sd, "ci": t_quantile_975(n - 1) * sd / math.sqrt(n), "n": n}
+
+
+def paired_difference(base: dict, variant: dict) -> dict:
+    """The per-seed difference ``variant - base`` over the seeds both have a finite value for.
+
+    Variants of one ablation share seeds (same prompts drawn, same initial model), so the
+    difference seed by seed removes the seed-to-seed spread both share; its 95% interval
+    is `mean_ci95` of the differences. Returns mean, sd, ci, n, ``separated`` (the interval
+    excludes 0) and ``detectable``: the smallest true difference this many seeds would
+    separate with 80% power at this spread, ``(t_{0.975,n-1} + t_{0.80,n-1}) * sd / sqrt(n)``
+    (NaN below 2 pairs).
+
+    Worked example: base [0.5, 0.6, 0.7], variant [0.3, 0.4, 0.8] -> differences
+    [-0.2, -0.2, +0.1], mean -0.1, sd sqrt(0.03) = 0.1732, ci 4.303 * 0.1732 / sqrt(3) = 0.430,
+    not separated, detectable (4.303 + 1.061) * 0.1 = 0.536.
+    """
+    seeds = sorted(seed for seed in base if seed in variant
+                   and np.isfinite(_as_float(base[seed])) and np.isfinite(_as_float(variant[seed])))
+    stats = mean_ci95(_as_float(variant[seed]) - _as_float(base[seed]) for seed in seeds)
+    n = stats["n"]
+    separated = bool(n >= 2 and np.isfinite(stats["ci"]) and abs(stats["mean"]) > stats["ci"])
+    detectable = ((t_quantile_975(n - 1) + t_quantile_80(n - 1)) * stats["sd"] / math.sqrt(n)
+                  if n >= 2 else float("nan"))
+    return {**stats, "separated": separated, "detectable": detectable, "seeds": seeds}
+
+
+def base_variant(ablation: str, variants: Sequence[str]) -> str:
+    """The variant others are compared with: the registry's first variant present, else the
+    first in sorted order."""
+    for name in ablation_spec(ablation).variants:
+        if name in variants:
+            return name
+    return sorted(variants)[0]
+
+
+def paired_differences(rows: Sequence[dict]) -> list[dict]:
+    """For every ablation, every non-base variant and every `PAIRED_COLUMNS` column: the
+    seed-paired difference from the base variant (ok runs only)."""
+    values: dict[tuple[str, str], dict[int, dict]] = {}
+    for row in rows:
+        if row["status"] == "ok":
+            values.setdefault((row["ablation"], row["variant"]), {})[row["seed"]] = row
+    result = []
+    for ablation in sorted({a for a, _ in values}):
+        variants = [v for a, v in values if a == ablation]
+        base = base_variant(ablation, variants)
+        spec = ablation_spec(ablation)
+        order = {name: i for i, name in enumerate(spec.variants)}
+        for variant in sorted(variants, key=lambda v: (order.get(v, len(order)), v)):
+            if variant == base:
+                continue
+            for column in PAIRED_COLUMNS:
+                base_values = {seed: r.get(column) for seed, r in values[(ablation, base)].items()}
+                variant_values = {seed: r.get(column) for seed, r in values[(ablation, variant)].items()}
+                result.append({"ablation": ablation, "variant": variant, "base": base, "column": column,
+                               **paired_difference(base_values, variant_values)})
+    return result
+
+
+def verdict(entry: dict, style: str = "g") -> str:
+    """The verdict cell: computed from the interval, never written by hand."""
+    if entry["n"] < 2:
+        return "n/a (fewer than 2 paired seeds)"
+    if entry["separated"]:
+        return "separated"
+    return f"no difference detected at n={entry['n']} (detectable about {_fmt(entry['detectable'], style)})"
 
 
 def _numeric_columns(rows: Sequence[dict]) -> list[str]:
@@ -385,12 +466,9 @@ def summarise(rows: Sequence[dict]) -> list[dict]:
             "failed": [(r["seed"], r["error"]) for r in runs if r["status"] == "failed"],
             "incomplete": [r["seed"] for r in runs if r["status"] == "incomplete"],
         }
-        for column in ("final_sampled_accuracy", "metric_value"):
+        for column in dict.fromkeys(("final_sampled_accuracy", "metric_value", *numeric)):
             stats = mean_ci95(_as_float(r.get(column)) for r in ok)
             entry.update({f"{column}_{name}": value for name, value in stats.items()})
-        for column in numeric:
-            if column not in ("final_sampled_accuracy", "metric_value"):
-                entry[f"{column}_mean"] = mean_ci95(_as_float(r.get(column)) for r in ok)["mean"]
         result.append(entry)
     return result
 
@@ -415,15 +493,15 @@ def _fmt_ci(entry: dict, column: str, style: str) -> str:
     n = entry[f"{column}_n"]
     if n == 0:
         return "n/a"
-    interval = "n/a" if n < 2 else _fmt(entry[f"{column}_ci"], style)
+    interval = "n/a" if n < 2 else _fmt(entry[f"{column}_ci"], "acc" if style == "signed" else style)
     return f"{_fmt(entry[f'{column}_mean'], style)} ± {interval}"
 
 
 def _ablation_table(entries: Sequence[dict]) -> str:
     """The markdown table of one ablation (entries: its `summarise` rows)."""
     metric = entries[0]["metric"]
-    header = ["variant", "seeds ok", "final sampled acc (mean ± 95% CI)", "gain", "reward", "KL",
-              "true KL (k1)", "length correct / incorrect", f"`{metric}` (mean ± 95% CI)", "wall s", "samples"]
+    header = ["variant", "seeds ok", "final sampled acc", "gain", "reward", "KL", "true KL (k1)",
+              "length correct", "length incorrect", f"`{metric}`", "wall s", "samples"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for e in entries:
         metric_style = "acc" if metric.endswith("accuracy") else "g"
@@ -431,16 +509,36 @@ def _ablation_table(entries: Sequence[dict]) -> str:
             e["variant"],
             f"{e['n_ok']}/{e['n_runs']}",
             _fmt_ci(e, "final_sampled_accuracy", "acc"),
-            _fmt(e["accuracy_gain_mean"], "signed"),
-            _fmt(e["reward_mean"]),
-            _fmt(e["kl_mean"]),
-            _fmt(e["kl_k1_mean"]),
-            f"{_fmt(e['response_length_correct_mean'])} / {_fmt(e['response_length_incorrect_mean'])}",
+            _fmt_ci(e, "accuracy_gain", "signed"),
+            _fmt_ci(e, "reward", "g"),
+            _fmt_ci(e, "kl", "g"),
+            _fmt_ci(e, "kl_k1", "g"),
+            _fmt_ci(e, "response_length_correct", "g"),
+            _fmt_ci(e, "response_length_incorrect", "g"),
             _fmt_ci(e, "metric_value", metric_style),
-            _fmt(e["wall_seconds_mean"], "int"),
+            _fmt_ci(e, "wall_seconds", "int"),
             _fmt(e["samples_mean"], "int"),
         ]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _paired_table(pairs: Sequence[dict], metric: str) -> str:
+    """Each variant's seed-paired difference from the base variant, with the verdict."""
+    if not pairs:
+        return ""
+    names = {"metric_value": f"`{metric}`"}
+    lines = [f"Paired by seed against `{pairs[0]['base']}`: variant minus base, mean ± 95% interval of the "
+             "per-seed differences. *separated* means the interval excludes 0; otherwise the smallest "
+             "difference these seeds would detect (80% power) is given.", "",
+             "| variant | quantity | difference (mean ± 95% CI) | pairs | verdict |", "|---|---|---|---|---|"]
+    for p in pairs:
+        style = "acc" if p["column"].endswith("accuracy") or (p["column"] == "metric_value"
+                                                              and metric.endswith("accuracy")) else "g"
+        interval = "n/a" if p["n"] < 2 else _fmt(p["ci"], style)
+        lines.append(f"| {p['variant']} | {names.get(p['column'], p['column'])} | "
+                     f"{_fmt(p['mean'], 'signed' if style == 'acc' else 'g')} ± {interval} | {p['n']} | "
+                     f"{verdict(p, style)} |")
     return "\n".join(lines)
 
 
@@ -453,10 +551,16 @@ def _by_ablation(entries: Sequence[dict]) -> dict[str, list[dict]]:
 
 def format_table(sweep_dir: str | Path) -> str:
     """The markdown tables of every ablation in the sweep, for printing to a terminal."""
-    grouped = _by_ablation(summarise(collect_runs(sweep_dir)))
+    rows = collect_runs(sweep_dir)
+    grouped = _by_ablation(summarise(rows))
     if not grouped:
         return f"(no run directories under {sweep_dir})"
-    return "\n\n".join(f"## {ablation}\n\n{_ablation_table(entries)}" for ablation, entries in grouped.items())
+    pairs = paired_differences(rows)
+    parts = []
+    for ablation, entries in grouped.items():
+        paired = _paired_table([p for p in pairs if p["ablation"] == ablation], entries[0]["metric"])
+        parts.append(f"## {ablation}\n\n{_ablation_table(entries)}" + (f"\n\n{paired}" if paired else ""))
+    return "\n\n".join(parts)
 
 
 # ==========================================================================================
@@ -669,7 +773,10 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
 
     rows = collect_runs(sweep_dir)
     entries = summarise(rows)
+    pairs = paired_differences(rows)
     _write_csv(out_dir / "results.csv", rows, RUN_COLUMNS)
+    _write_csv(out_dir / "paired.csv", [{k: v for k, v in p.items() if k != "seeds"} for p in pairs],
+               ("ablation", "variant", "base", "column"))
     _write_csv(out_dir / "summary.csv",
                [{**e, "failed": [f"seed{seed}: {error}" for seed, error in e["failed"]],
                  "incomplete": [f"seed{seed}" for seed in e["incomplete"]]} for e in entries],
@@ -687,7 +794,12 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
         "initial sampled accuracy; *reward*, *KL* (the configured estimator, possibly clipped), "
         "*true KL (k1)*, *length* (training responses, correct / incorrect) and the ablation's "
         "metric are means over the last 10% of training steps, then over seeds; *wall s* is the "
-        "wall time of a run's last session.",
+        "wall time of a run's last session. Every cell is the mean over seeds ± the 95% half-width.",
+        "",
+        "Conclusions rest on the **paired** tables: variants share seeds, so each variant's difference "
+        "from the ablation's base variant is taken seed by seed, and a difference is *separated* only "
+        "when its 95% interval excludes 0 (`paired.csv` has every number). The unpaired intervals above "
+        "overlap far more often, because they carry the seed-to-seed spread both variants share.",
     ]
     if not rows:
         lines += ["", "No run directories (`<ablation>/<variant>/seed<k>/`) found."]
@@ -705,6 +817,9 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
         if spec.question:
             lines += [spec.question, ""]
         lines += [f"Metric: `{spec.metric}`.", "", _ablation_table(ablation_entries)]
+        paired = _paired_table([p for p in pairs if p["ablation"] == ablation], spec.metric)
+        if paired:
+            lines += ["", paired]
         for kind in ("failed", "incomplete"):
             listed = _run_list(ablation_entries, kind)
             if listed:

@@ -173,9 +173,11 @@ def test_report_markdown_table_and_plots(sweep):
     assert path == sweep / "report.md"
     text = path.read_text()
     assert "## fake_ablation" in text
-    assert ("| alpha | 3/3 | 0.600 ± 0.248 | +0.200 | 1.5 | 0.02 | 0.03 | 23.3 / 45 | 0.600 ± 0.248 | 110 | 320 |"
-            in text)
-    assert "| beta | 3/4 | 0.500 ± 0.657 | +0.100 | 1 | 0.03 | 0.04 | 10 / 70 |" in text
+    # every cell is mean ± 95% half-width; length correct: seeds 20, 25, 25 -> 23.3 ± 4.303 * 2.887 / sqrt(3);
+    # wall 100, 110, 120 -> 110 ± 4.303 * 10 / sqrt(3) = 24.8
+    assert ("| alpha | 3/3 | 0.600 ± 0.248 | +0.200 ± 0.248 | 1.5 ± 0 | 0.02 ± 0 | 0.03 ± 0 | 23.3 ± 7.17 | 45 ± 0 | "
+            "0.600 ± 0.248 | 110 ± 25 | 320 |") in text
+    assert "| beta | 3/4 | 0.500 ± 0.657 | +0.100 ± 0.657 | 1 ± 0 | 0.03 ± 0 | 0.04 ± 0 | 10 ± 0 | 70 ± 0 |" in text
     assert "`beta/seed3` (RuntimeError: boom at step 1)" in text
     links = image_links(text)
     assert "plots/fake_ablation_learning_curves.png" in links
@@ -198,8 +200,8 @@ def test_registry_metric_extras_and_variant_order(sweep, monkeypatch):
     monkeypatch.setitem(sys.modules, "ablations.registry", types.SimpleNamespace(get_ablation=get_ablation))
     text = report.build_report(sweep).read_text()
     assert "Does the critic help?" in text
-    assert "`advantage_abs_mean` (mean ± 95% CI)" in text
-    table = [line for line in text.splitlines() if line.startswith("| alpha") or line.startswith("| beta")]
+    assert "| `advantage_abs_mean` | wall s |" in text
+    table = [line for line in text.splitlines() if line.startswith(("| alpha | 3/", "| beta | 3/"))]  # the main table
     assert [line.split(" | ")[0] for line in table] == ["| beta", "| alpha"]  # registry order, not sorted
     assert "| 1.2 ± 0.497 |" in table[1]
     links = image_links(text)
@@ -242,3 +244,39 @@ def test_sweep_with_only_failed_runs(tmp_path):
     assert "**Failed runs (2):**" in text and "ValueError: bad config 1" in text
     assert image_links(text) == []
     assert "0/2" in report.format_table(root)
+
+
+# ---- paired statistics ------------------------------------------------------------------
+def test_paired_difference_matches_hand_computation():
+    # module docstring: beta - alpha final accuracy per seed = [-0.2, -0.2, +0.1]
+    pair = report.paired_difference({0: 0.5, 1: 0.6, 2: 0.7}, {0: 0.3, 1: 0.4, 2: 0.8})
+    assert pair["mean"] == pytest.approx(-0.1)
+    assert pair["sd"] == pytest.approx(math.sqrt(0.03))
+    assert pair["ci"] == pytest.approx(4.303 * math.sqrt(0.03) / math.sqrt(3))  # 0.4303
+    assert not pair["separated"]
+    assert pair["detectable"] == pytest.approx((4.303 + 1.061) * math.sqrt(0.03) / math.sqrt(3))  # 0.5364
+    # seeds missing on one side or non-finite are left out of the pairing
+    pair = report.paired_difference({0: 1.0, 1: 2.0, 2: float("nan"), 5: 3.0}, {0: 1.5, 1: 2.5, 2: 9.0})
+    assert pair["seeds"] == [0, 1] and pair["n"] == 2 and pair["mean"] == pytest.approx(0.5)
+    assert pair["sd"] == 0 and pair["separated"]  # a constant shift is separated
+    assert report.t_quantile_80(40) == pytest.approx(0.851, abs=2e-3)
+
+
+def test_report_prints_paired_differences_and_verdicts(sweep):
+    rows = report.collect_runs(sweep)
+    pairs = {p["column"]: p for p in report.paired_differences(rows)}
+    assert {p["variant"] for p in report.paired_differences(rows)} == {"beta"}  # alpha is the base
+    accuracy = pairs["final_sampled_accuracy"]
+    assert accuracy["base"] == "alpha" and accuracy["n"] == 3  # the crashed beta/seed3 has no pair
+    assert accuracy["ci"] == pytest.approx(0.4303, abs=1e-4) and not accuracy["separated"]
+    # true KL: alpha 0.03, beta 0.04 on every seed -> +0.01 with zero spread: separated
+    assert pairs["kl_k1"]["mean"] == pytest.approx(0.01) and pairs["kl_k1"]["separated"]
+    text = report.format_table(sweep)
+    assert "| beta | final_sampled_accuracy | -0.100 ± 0.430 | 3 | no difference detected at n=3 (detectable about 0.536) |" in text
+    assert "| beta | kl_k1 | 0.01 ± 0 | 3 | separated |" in text
+    # every table cell carries an interval, not only accuracy
+    assert "0.03 ± " in text and "45 ± " in text
+    report.build_report(sweep)
+    paired_csv = list(csv.DictReader((sweep / "paired.csv").open()))
+    assert {r["column"] for r in paired_csv} >= {"final_sampled_accuracy", "kl_k1", "wall_seconds"}
+    assert "Paired by seed against `alpha`" in (sweep / "report.md").read_text()

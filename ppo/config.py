@@ -71,6 +71,7 @@ class PPOConfig:
     gradient_checkpointing: bool = _f(False, "Recompute activations in the backward pass for policy and critic (non-reentrant torch checkpointing): activation memory ~ one layer instead of all, for ~1/3 more compute. Same gradients.")
     lean_forward: bool = _f(True, "Run GPT-2 and Llama models (policy, reference, critic, reward model backbones) through ppo/lean_forward.py: their own modules called directly with one precomputed mask and matmul attention, and a KV-cached sampling loop with generate()'s sampling rule, instead of the Hugging Face forward() / generate() plumbing. Same math (log-probs agree to float rounding, a seed gives the same samples); other architectures, active dropout, gradient checkpointing, DDP-wrapped or peft models keep the module call. A speed toggle.")
     reuse_update_forward: bool = _f(True, "With one epoch of one minibatch of one micro-batch (ppo_epochs = num_minibatches = gradient_accumulation_steps = 1) and no active dropout, the policy cannot move before the update's only forward pass, so that pass (run before the advantages, with autograd) also gives the old log-probs and the critic's old values, detached: one policy and one critic forward pass fewer per step (TRL's GRPOTrainer does the same with num_iterations=1). Exact; ignored otherwise and with logprobs_from_generation.")
+    compile_forward: bool = _f(False, "torch.compile (inductor, dynamic shapes) the lean forward of lean_forward (needs it): elementwise work (norms, activations, softmax, the residual adds) fused into few kernels, in generation, the scoring passes and the update. Results agree to float rounding. The first step compiles (about 2 minutes on a 2-core CPU; inductor caches the kernels on disk, so later runs start in under a minute), so it pays on long runs only.")
     lora_r: int = _f(0, "LoRA rank for the policy through peft (Hu et al. 2021); 0 = full fine-tuning. With LoRA the reference is the base model with the adapter disabled: no second copy of the weights.")
     lora_alpha: float = _f(16.0, "LoRA scale alpha: the adapter's update is (alpha / r) B A (peft's lora_alpha).")
     lora_target_modules: str = _f("all-linear", "Layers that get adapters: 'all-linear' (every linear layer but the output head, QLoRA's choice) or comma-separated module names, e.g. 'q_proj,v_proj' (the LoRA paper's).")
@@ -226,6 +227,8 @@ class PPOConfig:
                      "dynamic_sampling_max_rounds"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 bad(name, "must be a positive integer")
+        if self.compile_forward and not self.lean_forward:
+            bad("compile_forward", "compiles the lean forward: needs lean_forward=True")
         for name in ("gamma", "lam"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 bad(name, "must be in [0, 1]")

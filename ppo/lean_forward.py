@@ -31,6 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 LEAN_ATTRIBUTE = "_lean_forward_backbone"
+COMPILE_ATTRIBUTE = "_lean_forward_compiled"
 
 
 def _backbone_kind(backbone: nn.Module) -> str | None:
@@ -70,9 +71,21 @@ def supported_backbone(model: nn.Module) -> nn.Module | None:
     return backbone
 
 
-def enable(*models: nn.Module | None) -> list[str]:
-    """Mark each supported model for the lean path; returns the class names that were not
-    supported (they keep their module call)."""
+_COMPILED: dict = {}
+
+
+def _compiled(run):
+    """`run` compiled once per process by torch.compile (inductor, dynamic shapes, so a new
+    response length or cache length does not recompile)."""
+    if run not in _COMPILED:
+        _COMPILED[run] = torch.compile(run, dynamic=True)
+    return _COMPILED[run]
+
+
+def enable(*models: nn.Module | None, compile: bool = False) -> list[str]:
+    """Mark each supported model for the lean path (and, with `compile`, for its compiled
+    form: PPOConfig.compile_forward); returns the class names that were not supported (they
+    keep their module call)."""
     skipped = []
     for model in models:
         if model is None:
@@ -84,6 +97,7 @@ def enable(*models: nn.Module | None) -> list[str]:
             # A plain attribute, not a registered submodule: state_dict and save_pretrained
             # must not see the backbone twice.
             object.__setattr__(model, LEAN_ATTRIBUTE, backbone)
+            object.__setattr__(backbone, COMPILE_ATTRIBUTE, compile)
     return skipped
 
 
@@ -115,6 +129,9 @@ class KVCache:
 
 
 def _attend(query, key, value, bias, scaling):
+    if query.shape[2] == 1:  # one new token (sampling): the fused kernel is faster here
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=bias.to(query.dtype), scale=scaling)
+        return out.transpose(1, 2)  # [B, 1, h, d]
     weights = torch.matmul(query, key.transpose(-1, -2)) * scaling + bias  # [B, h, Lq, Lk]
     weights = torch.softmax(weights, dim=-1).type(value.dtype)
     return torch.matmul(weights, value).transpose(1, 2)  # [B, Lq, h, d]
@@ -139,6 +156,34 @@ def _layer_norm(norm, x):
     return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
 
 
+_TANH_GELUS = ("NewGELUActivation", "GELUTanh", "PytorchGELUTanh", "GELUPytorchTanh")
+
+
+def _activation(act, x):
+    """The model's activation; the tanh-approximated GELU (GPT-2's ``gelu_new``) as torch's
+    fused kernel: the same formula in one pass instead of eight (and one backward pass),
+    equal to float rounding (2.4e-7)."""
+    if type(act).__name__ in _TANH_GELUS:
+        return F.gelu(x, approximate="tanh")
+    return act(x)
+
+
+def _rms_norm(norm, x):
+    """Llama's RMSNorm (in float32, then the weight) as torch's fused kernel."""
+    out = F.rms_norm(x.float(), (x.shape[-1],), None, norm.variance_epsilon).to(x.dtype)
+    return norm.weight * out
+
+
+def _norm(norm, x):
+    if type(norm).__name__ == "LlamaRMSNorm":
+        return _rms_norm(norm, x)
+    return norm(x)
+
+
+def _linear(layer, x):
+    return F.linear(x, layer.weight, layer.bias)
+
+
 def _gpt2_hidden(backbone, input_ids, position_ids, bias, cache):
     x = F.embedding(input_ids, backbone.wte.weight) + F.embedding(position_ids, backbone.wpe.weight)
     for index, block in enumerate(backbone.h):
@@ -149,7 +194,7 @@ def _gpt2_hidden(backbone, input_ids, position_ids, bias, cache):
         key, value = _store(cache, index, key, value)
         out = _attend(query, key, value, bias, attn.scaling)
         x = x + _conv1d(attn.c_proj, out.reshape(*out.shape[:-2], -1))
-        x = x + _conv1d(mlp.c_proj, mlp.act(_conv1d(mlp.c_fc, _layer_norm(block.ln_2, x))))
+        x = x + _conv1d(mlp.c_proj, _activation(mlp.act, _conv1d(mlp.c_fc, _layer_norm(block.ln_2, x))))
     return _layer_norm(backbone.ln_f, x)
 
 
@@ -164,11 +209,11 @@ def _llama_hidden(backbone, input_ids, position_ids, bias, cache):
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     for index, layer in enumerate(backbone.layers):
         attn = layer.self_attn
-        h = layer.input_layernorm(x)
+        h = _norm(layer.input_layernorm, x)
         shape = (*h.shape[:-1], -1, attn.head_dim)
-        query = attn.q_proj(h).view(shape).transpose(1, 2)
-        key = attn.k_proj(h).view(shape).transpose(1, 2)
-        value = attn.v_proj(h).view(shape).transpose(1, 2)
+        query = _linear(attn.q_proj, h).view(shape).transpose(1, 2)
+        key = _linear(attn.k_proj, h).view(shape).transpose(1, 2)
+        value = _linear(attn.v_proj, h).view(shape).transpose(1, 2)
         query = query * cos + _rotate_half(query) * sin
         key = key * cos + _rotate_half(key) * sin
         key, value = _store(cache, index, key, value)
@@ -176,9 +221,11 @@ def _llama_hidden(backbone, input_ids, position_ids, bias, cache):
             key = key.repeat_interleave(attn.num_key_value_groups, dim=1)
             value = value.repeat_interleave(attn.num_key_value_groups, dim=1)
         out = _attend(query, key, value, bias, attn.scaling)
-        x = x + attn.o_proj(out.reshape(*out.shape[:-2], -1))
-        x = x + layer.mlp(layer.post_attention_layernorm(x))
-    return backbone.norm(x)
+        x = x + _linear(attn.o_proj, out.reshape(*out.shape[:-2], -1))
+        h = _norm(layer.post_attention_layernorm, x)
+        mlp = layer.mlp
+        x = x + _linear(mlp.down_proj, _activation(mlp.act_fn, _linear(mlp.gate_proj, h)) * _linear(mlp.up_proj, h))
+    return _norm(backbone.norm, x)
 
 
 def hidden_states(backbone, input_ids, position_ids, key_mask, cache: KVCache | None = None) -> torch.Tensor:
@@ -189,6 +236,8 @@ def hidden_states(backbone, input_ids, position_ids, key_mask, cache: KVCache | 
         dtype = torch.get_autocast_dtype(input_ids.device.type)
     bias = additive_mask(key_mask, input_ids.shape[1], torch.float32 if dtype == torch.float32 else dtype)
     run = _gpt2_hidden if _backbone_kind(backbone) == "gpt2" else _llama_hidden
+    if backbone.__dict__.get(COMPILE_ATTRIBUTE):
+        run = _compiled(run)
     out = run(backbone, input_ids, position_ids, bias, cache)
     if cache is not None:
         cache.length += input_ids.shape[1]
@@ -212,6 +261,27 @@ def scalar_head_values(model, input_ids, attention_mask, position_ids) -> torch.
 
 
 # ---- sampling --------------------------------------------------------------------------------
+def _prefill(backbone, query_ids, query_mask, positions, cache: KVCache) -> torch.Tensor:
+    """Run the prompts into the cache; each distinct prompt once (a GRPO batch repeats every
+    prompt G times), its keys, values and last hidden state copied to its rows. Rows of a
+    batch do not interact, so this is the same arithmetic as the full batch."""
+    rows = torch.cat([query_ids, query_mask.to(query_ids.dtype)], dim=1)
+    unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
+    if len(unique) == len(rows):
+        return hidden_states(backbone, query_ids, positions, query_mask, cache)
+    first = torch.zeros(len(unique), dtype=torch.long, device=rows.device).scatter_(
+        0, inverse.flip(0), torch.arange(len(rows) - 1, -1, -1, device=rows.device))  # a row of each prompt
+    width = query_ids.shape[1]
+    distinct = KVCache(keys=[k[:len(unique), :, :width].clone() for k in cache.keys],
+                       values=[v[:len(unique), :, :width].clone() for v in cache.values])
+    hidden = hidden_states(backbone, query_ids[first], positions[first], query_mask[first], distinct)
+    for layer in range(len(cache.keys)):
+        cache.keys[layer][:, :, :width] = distinct.keys[layer][inverse]
+        cache.values[layer][:, :, :width] = distinct.values[layer][inverse]
+    cache.length = width
+    return hidden[inverse]
+
+
 @torch.no_grad()
 def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, max_new_tokens: int,
            stop_token_ids: list[int], pad_token_id: int, temperature: float = 1.0, greedy: bool = False,
@@ -246,7 +316,10 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, max_new_tok
     inputs = query_ids
     for step in range(max_new_tokens):
         width = cache.length + inputs.shape[1]
-        hidden = hidden_states(backbone, inputs, positions, key_mask[:, :width], cache)
+        if step == 0:
+            hidden = _prefill(backbone, query_ids, query_mask, positions, cache)
+        else:
+            hidden = hidden_states(backbone, inputs, positions, key_mask[:, :width], cache)
         logits = model.lm_head(hidden[:, -1:]).squeeze(1).float()  # [B, V]
         if return_logits:
             step_logits.append(logits)

@@ -126,6 +126,10 @@ class KVCache:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     length: int = 0
+    # Sampling steps write one token at `slot` (a 1-element tensor) and attend over the whole
+    # buffer, unfilled positions masked: every step has the same shapes (a static cache), so
+    # a compiled step is compiled once.
+    slot: torch.Tensor | None = None
 
 
 def _attend(query, key, value, bias, scaling):
@@ -141,6 +145,10 @@ def _store(cache: KVCache | None, layer: int, key, value):
     """Append this call's keys/values to the cache; return everything cached so far."""
     if cache is None:
         return key, value
+    if cache.slot is not None:
+        cache.keys[layer].index_copy_(2, cache.slot, key)
+        cache.values[layer].index_copy_(2, cache.slot, value)
+        return cache.keys[layer], cache.values[layer]
     start, stop = cache.length, cache.length + key.shape[2]
     cache.keys[layer][:, :, start:stop] = key
     cache.values[layer][:, :, start:stop] = value
@@ -236,7 +244,9 @@ def hidden_states(backbone, input_ids, position_ids, key_mask, cache: KVCache | 
         dtype = torch.get_autocast_dtype(input_ids.device.type)
     bias = additive_mask(key_mask, input_ids.shape[1], torch.float32 if dtype == torch.float32 else dtype)
     run = _gpt2_hidden if _backbone_kind(backbone) == "gpt2" else _llama_hidden
-    if backbone.__dict__.get(COMPILE_ATTRIBUTE):
+    # Compiled for whole sequences and static-cache sampling steps (fixed shapes); the
+    # prompt's prefill into the cache runs eagerly.
+    if (cache is None or cache.slot is not None) and backbone.__dict__.get(COMPILE_ATTRIBUTE):
         run = _compiled(run)
     out = run(backbone, input_ids, position_ids, bias, cache)
     if cache is not None:
@@ -302,8 +312,8 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, max_new_tok
     weight = backbone.get_input_embeddings().weight
     capacity = prompt_length + max_new_tokens
     layers = config.num_hidden_layers
-    cache = KVCache(keys=[weight.new_empty(batch, heads, capacity, head_dim) for _ in range(layers)],
-                    values=[weight.new_empty(batch, heads, capacity, head_dim) for _ in range(layers)])
+    cache = KVCache(keys=[weight.new_zeros(batch, heads, capacity, head_dim) for _ in range(layers)],
+                    values=[weight.new_zeros(batch, heads, capacity, head_dim) for _ in range(layers)])  # zeros: masked slots must not hold NaN
     key_mask = torch.zeros(batch, capacity, dtype=torch.long, device=query_ids.device)
     key_mask[:, :prompt_length] = query_mask
     # positions as `generate` gives them: counted over real tokens, padding gets 1
@@ -318,8 +328,9 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, max_new_tok
         width = cache.length + inputs.shape[1]
         if step == 0:
             hidden = _prefill(backbone, query_ids, query_mask, positions, cache)
-        else:
-            hidden = hidden_states(backbone, inputs, positions, key_mask[:, :width], cache)
+        else:  # one token into the static cache, attending over all of it (unfilled masked)
+            cache.slot = torch.tensor([width - 1], device=query_ids.device)
+            hidden = hidden_states(backbone, inputs, positions, key_mask, cache)
         logits = model.lm_head(hidden[:, -1:]).squeeze(1).float()  # [B, V]
         if return_logits:
             step_logits.append(logits)

@@ -173,3 +173,19 @@ def test_config_documents_the_speed_fields():
     help_text = PPOConfig.__dataclass_fields__["reuse_update_forward"].metadata
     assert PPOConfig().lean_forward and PPOConfig().reuse_update_forward
     assert help_text  # described like every field (docs row checked in test_docs)
+
+
+def test_compile_forward_needs_the_lean_forward():
+    with pytest.raises(ValueError, match="compile_forward"):
+        PPOConfig(compile_forward=True, lean_forward=False).validate()
+
+
+@pytest.mark.slow  # the first call compiles (about 2 minutes on 2 CPU cores)
+def test_compiled_forward_changes_nothing_but_rounding(tmp_path, tiny_model_dir):
+    config = preset("grpo", model_path=str(tiny_model_dir), output_dir=str(tmp_path / "a"), group_size=4,
+                    **{**SETTINGS, "ppo_epochs": 2})
+    compiled = _run(config.replace(compile_forward=True))
+    backbone = lean_forward.lean_backbone(compiled[0].accelerator.unwrap_model(compiled[0].policy))
+    assert backbone.__dict__[lean_forward.COMPILE_ATTRIBUTE]
+    eager = _run(config.replace(output_dir=str(tmp_path / "b")))
+    _assert_same_run(compiled, eager, 1e-5)

@@ -77,7 +77,10 @@ LEVELS = tuple(range(4))
 register(
     "ppo_vs_grpo",
     "At equal samples, how do AlpacaFarm-style PPO (with a critic), GRPO, Dr. GRPO and RLOO compare?",
-    [Variant("ppo", PPO), Variant("grpo", "grpo"), Variant("dr_grpo", "dr_grpo"), Variant("rloo", "rloo")],
+    [Variant("ppo", PPO), Variant("grpo", "grpo"), Variant("dr_grpo", "dr_grpo"), Variant("rloo", "rloo"),
+     # AlpacaFarm's PPO takes 2 epochs x 2 minibatches = 4 optimizer steps per batch, the GRPO
+     # family 1: this arm takes PPO to 1, so "learns faster" is not just "steps more".
+     Variant("ppo_1_step", PPO, {"ppo_epochs": 1, "num_minibatches": 1})],
     metric="accuracy", extra_metrics=("kl_k1", "response_length", "entropy"),
 )
 
@@ -128,7 +131,11 @@ register(
     "kl_placement",
     "KL as a per-token reward penalty (PPO) or as a loss term (GRPO)?",
     [Variant("reward", PPO, {"kl_placement": "reward", "kl_estimator": "k1", "kl_clip_at_zero": False, "kl_coef": 0.05}),
-     Variant("loss", PPO, {"kl_placement": "loss", "kl_estimator": "k3", "kl_clip_at_zero": False, "kl_coef": 0.05})],
+     Variant("loss", PPO, {"kl_placement": "loss", "kl_estimator": "k3", "kl_clip_at_zero": False, "kl_coef": 0.05}),
+     # "reward" vs "loss" above changes the estimator too (k1 vs k3); these pairs keep it fixed.
+     Variant("loss_k1", PPO, {"kl_placement": "loss", "kl_estimator": "k1", "kl_clip_at_zero": False, "kl_coef": 0.05}),
+     Variant("reward_k3", PPO, {"kl_placement": "reward", "kl_estimator": "k3", "kl_clip_at_zero": False,
+                                "kl_coef": 0.05})],
     metric="kl_k1", extra_metrics=("accuracy",),
 )
 register(
@@ -167,7 +174,10 @@ register(
 register(
     "grpo_std_norm",
     "Dividing by the group std: where does the gradient weight go across difficulty levels?",
-    [Variant("std", GRPO, {"grpo_scale": "group"}), Variant("no_std", GRPO, {"grpo_scale": "none"})],
+    [Variant("std", GRPO, {"grpo_scale": "group"}), Variant("no_std", GRPO, {"grpo_scale": "none"}),
+     # Without the std the advantages of a 0/1 reward are about half as large (a group std is
+     # at most 0.5), so the KL term weighs about twice as much; this arm halves beta to match.
+     Variant("no_std_half_kl", GRPO, {"grpo_scale": "none", "kl_coef": 0.02})],
     metric="accuracy",
     extra_metrics=tuple(f"adv_share_level{k}" for k in LEVELS) + tuple(f"adv_abs_level{k}" for k in LEVELS),
 )

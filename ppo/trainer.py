@@ -787,10 +787,11 @@ class RLTrainer:
             return
         with open(self.output_dir / "metrics.jsonl", "a") as handle:
             handle.write(json.dumps(metrics) + "\n")
-        step = metrics["step"]
-        for key, value in metrics.items():
-            if key != "step" and isinstance(value, (int, float)) and not math.isnan(value):
-                self.writer.add_scalar(key, value, step)
+        # One tensorboard event per step holding every scalar (the same tags, values and step
+        # as one add_scalar call each, at a fraction of the cost).
+        scalars = {key: float(value) for key, value in metrics.items()
+                   if key != "step" and isinstance(value, (int, float)) and not math.isnan(value)}
+        write_scalars(self.writer, scalars, metrics["step"])
 
     def _write_samples(self) -> None:
         if not distributed.is_main_process():
@@ -934,6 +935,14 @@ class RLTrainer:
         torch.set_rng_state(state["torch_rng"])
         self.shuffle_generator.set_state(state["shuffle_rng"])
         self.rng.setstate(state["python_rng"])
+
+
+def write_scalars(writer, scalars: dict[str, float], step: int) -> None:
+    """Write `scalars` as one tensorboard event at `step`."""
+    from tensorboard.compat.proto.summary_pb2 import Summary
+
+    summary = Summary(value=[Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()])
+    writer._get_file_writer().add_summary(summary, step)
 
 
 def _check_safetensors(path: Path) -> None:

@@ -126,3 +126,25 @@ def test_gsm8k_jsonl_task_trains_end_to_end(tmp_path, tiny_model_dir):
     assert summary["steps"] == 1 and 0.0 <= summary["final_eval"]["sampled_accuracy"] <= 1.0
     sample = json.loads((tmp_path / "run" / "samples.jsonl").read_text().splitlines()[0])
     assert sample["prompt"].startswith("Question: ")
+
+
+def test_one_tensorboard_event_per_step_holds_what_add_scalar_would(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch.utils.tensorboard import SummaryWriter
+
+    from ppo.trainer import write_scalars
+
+    scalars = {"kl": 0.25, "reward": -1.5, "eval_sampled_accuracy": 0.625}
+    plain, batched = SummaryWriter(str(tmp_path / "a")), SummaryWriter(str(tmp_path / "b"))
+    for step in (1, 2):
+        for tag, value in scalars.items():
+            plain.add_scalar(tag, value * step, step)
+        write_scalars(batched, {tag: value * step for tag, value in scalars.items()}, step)
+    plain.close()
+    batched.close()
+    read = []
+    for directory in ("a", "b"):
+        events = EventAccumulator(str(tmp_path / directory))
+        events.Reload()
+        read.append({tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]})
+    assert read[0] == read[1] and read[1]["reward"] == [(1, -1.5), (2, -3.0)]

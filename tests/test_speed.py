@@ -1,0 +1,52 @@
+"""The side-by-side speed benchmark: its task, its configs and its arithmetic."""
+
+import random
+
+import pytest
+
+from ablations import speed
+
+
+def test_addition_task_is_exact_match_with_eos():
+    train, test = speed.addition_pairs()
+    assert len(train) == 7600 and len(test) == 500 and not set(train) & set(test)
+    assert speed.addition_pairs() == (train, test)  # deterministic split
+    task = speed.AdditionTask()
+    problem = task.eval_problems()[0]
+    a, b = test[0]
+    assert problem.prompt == f"{a}+{b}=" and problem.answer == str(a + b)
+    assert task.score(problem, str(a + b), has_eos=True).correct
+    assert not task.score(problem, str(a + b), has_eos=False).correct  # no EOS: not an exact match
+    assert not task.score(problem, str(a + b) + "0", has_eos=True).correct
+    drawn = task.sample_problems(5, random.Random(0))
+    assert len(drawn) == 5 and all(p.prompt.endswith("=") for p in drawn)
+
+
+@pytest.mark.parametrize("kind", speed.KINDS)
+def test_configs_spell_out_the_identical_work(kind, tmp_path):
+    config = speed.config_for(kind, "model", 42, 50, str(tmp_path))
+    config.validate()
+    assert (config.rollout_batch_size, config.response_length, config.kl_coef) == (32, 8, 0.04)
+    assert (config.ppo_epochs, config.num_minibatches, config.lr, config.adam_eps) == (1, 1, 1e-4, 1e-8)
+    if kind == "grpo":
+        assert (config.group_size, config.kl_estimator, config.kl_placement, config.max_grad_norm) == (8, "k3", "loss", 1.0)
+    else:
+        assert (config.group_size, config.kl_estimator, config.kl_placement, config.max_grad_norm) == (1, "k1", "reward", None)
+        assert not config.separate_value_optimizer and config.whiten_advantages
+    with pytest.raises(ValueError, match="kind"):
+        speed.config_for("dpo", "model", 0, 1, str(tmp_path))
+
+
+def test_median_over_steps_five_on_and_the_summary():
+    times = [9.0, 9.0, 9.0, 9.0, 1.0, 2.0, 3.0]  # steps 1-4 are warm-up and ignored
+    assert speed.median_step(times) == 2.0
+    with pytest.raises(ValueError):
+        speed.median_step([1.0, 2.0])
+    runs = [{"system": "trl", "kind": "grpo", "step_times_all": [0] * 4 + [t]} for t in (0.4, 0.2, 0.3)]
+    runs += [{"system": "project", "kind": "grpo", "step_times_all": [0] * 4 + [t], "after_test_greedy_acc": 0.5,
+              "after_test_sample_t1_acc": 0.3} for t in (0.1, 0.15, 0.2)]
+    table = speed.summarize(runs)
+    assert table["grpo"]["trl"]["median"] == 0.3 and table["grpo"]["project"]["median"] == 0.15
+    assert table["grpo"]["ratio"] == pytest.approx(0.5)
+    text = speed.format_summary(table)
+    assert "| grpo | 0.3000 (0.2000-0.4000) | 0.1500 (0.1000-0.2000) | 0.50 | - / 0.500 |" in text

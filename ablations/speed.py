@@ -23,8 +23,9 @@ Commands::
 the next), each in a fresh process, and reports the median seconds per step over steps
 5..N per run, then the median and range over seeds. The peer is any directory with
 ``grpo_run.py`` / ``ppo_run.py`` that write ``runs/<tag>/result.json`` with
-``step_times_all`` (a TRL harness on this task); it also receives ``--model`` as
-``tiny-sft`` in that directory, so both systems start from the same weights.
+``step_times_all`` (a TRL harness on this task) and keeps its start model in
+``PEER_DIR/tiny-sft``, which this project's runs load too (``--model`` overrides it), so
+both systems start from the same weights.
 """
 
 from __future__ import annotations

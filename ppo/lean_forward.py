@@ -7,14 +7,16 @@ caches and outputs in objects and checks its arguments. For the small models of 
 testbed that plumbing costs as much as the arithmetic; `generate` adds per-token logits
 processors and stopping criteria on top.
 
-Here the same modules (the model's own embeddings, linear layers, norms and activation
-functions, with their weights) are called directly, with one precomputed additive mask
-and plain matmul attention (the 'eager' kernel). It is the same math in the same order:
-log-probs agree with the module call to float rounding (tests/test_lean_forward.py), and
-gradients reach the same parameters, so optimizers, checkpoints and LoRA-free training are
-unchanged. The sampling loop keeps one key/value buffer per layer and draws each token with
-``torch.multinomial`` on softmax(logits / T), the rule `generate` uses, so a seed gives the
-same samples (tested).
+Here the model's own weights go through the same operations called directly: one
+precomputed additive mask, matmul attention (the 'eager' kernel; SDPA for a single new
+token), and torch's fused kernels where the model spells a formula out op by op (GPT-2's
+tanh-GELU, Llama's RMSNorm). It is the same math: log-probs agree with the module call to
+float rounding (tests/test_lean_forward.py), and gradients reach the same parameters, so
+optimizers and checkpoints are unchanged. The sampling loop keeps a static key/value
+buffer per layer (every step has the same shapes; unfilled positions are masked), runs
+each distinct prompt once, and draws each token with ``torch.multinomial`` on
+softmax(logits / T), the rule `generate` uses, so a seed gives the same samples (tested).
+`PPOConfig.compile_forward` hands the fixed-shape calls to torch.compile.
 
 Used only where it is the same computation: a plain `GPT2LMHeadModel` / `LlamaForCausalLM`
 (or their backbones inside a `ScalarHeadModel`) in eval mode or with every dropout at 0,
@@ -279,11 +281,12 @@ def _prefill(backbone, query_ids, query_mask, positions, cache: KVCache) -> torc
     unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
     if len(unique) == len(rows):
         return hidden_states(backbone, query_ids, positions, query_mask, cache)
-    first = torch.zeros(len(unique), dtype=torch.long, device=rows.device).scatter_(
-        0, inverse.flip(0), torch.arange(len(rows) - 1, -1, -1, device=rows.device))  # a row of each prompt
+    # one row index per distinct prompt (any of its copies: they are identical)
+    first = torch.empty(len(unique), dtype=torch.long, device=rows.device).scatter_(
+        0, inverse, torch.arange(len(rows), device=rows.device))
     width = query_ids.shape[1]
-    distinct = KVCache(keys=[k[:len(unique), :, :width].clone() for k in cache.keys],
-                       values=[v[:len(unique), :, :width].clone() for v in cache.values])
+    distinct = KVCache(keys=[k.new_zeros(len(unique), k.shape[1], width, k.shape[3]) for k in cache.keys],
+                       values=[v.new_zeros(len(unique), v.shape[1], width, v.shape[3]) for v in cache.values])
     hidden = hidden_states(backbone, query_ids[first], positions[first], query_mask[first], distinct)
     for layer in range(len(cache.keys)):
         cache.keys[layer][:, :, :width] = distinct.keys[layer][inverse]

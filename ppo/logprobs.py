@@ -48,6 +48,13 @@ def trim_padding(query_ids, query_mask, response_ids, response_mask):
     return (query_ids[:, first:], query_mask[:, first:], response_ids[:, :width], response_mask[:, :width])
 
 
+def _unpadded_inputs(query_ids, query_mask, response_ids, response_mask):
+    """`((input_ids, attention_mask, position_ids), query_length, response_ids)` of the batch
+    cut to its real columns (`trim_padding`)."""
+    query_ids, query_mask, response_ids, response_mask = trim_padding(query_ids, query_mask, response_ids, response_mask)
+    return concat_query_response(query_ids, query_mask, response_ids, response_mask), query_ids.shape[1], response_ids
+
+
 def _pad_columns(x: torch.Tensor, width: int) -> torch.Tensor:
     """Zero-pad the last dimension of `x` ``[B, t]`` to ``[B, width]``."""
     return x if x.shape[1] == width else F.pad(x, (0, width - x.shape[1]))
@@ -78,10 +85,8 @@ def response_logprobs(model, query_ids, query_mask, response_ids, response_mask,
     calls in ``torch.no_grad()``).
     """
     width = response_ids.shape[1]
-    query_ids, query_mask, response_ids, response_mask = trim_padding(query_ids, query_mask, response_ids, response_mask)
-    input_ids, attention_mask, position_ids = concat_query_response(query_ids, query_mask, response_ids, response_mask)
-    query_length = query_ids.shape[1]
-    logits = causal_lm_logits(model, input_ids, attention_mask, position_ids)  # [B, Q+t, V]
+    inputs, query_length, response_ids = _unpadded_inputs(query_ids, query_mask, response_ids, response_mask)
+    logits = causal_lm_logits(model, *inputs)  # [B, Q+t, V]
     response_logits = logits[:, query_length - 1:-1]  # [B, t, V]: position t predicts token t+1
     out = logprobs_from_logits(response_logits, response_ids, temperature, with_entropy)
     if not with_entropy:
@@ -92,7 +97,6 @@ def response_logprobs(model, query_ids, query_mask, response_ids, response_mask,
 def response_values(value_model, query_ids, query_mask, response_ids, response_mask) -> torch.Tensor:
     """The critic's value of the state before each response token, ``[B, T]``."""
     width = response_ids.shape[1]
-    query_ids, query_mask, response_ids, response_mask = trim_padding(query_ids, query_mask, response_ids, response_mask)
-    input_ids, attention_mask, position_ids = concat_query_response(query_ids, query_mask, response_ids, response_mask)
-    values = scalar_head_values(value_model, input_ids, attention_mask, position_ids)  # [B, Q+t]
-    return _pad_columns(values[:, query_ids.shape[1] - 1:-1].float(), width)  # [B, T]
+    inputs, query_length, _ = _unpadded_inputs(query_ids, query_mask, response_ids, response_mask)
+    values = scalar_head_values(value_model, *inputs)  # [B, Q+t]
+    return _pad_columns(values[:, query_length - 1:-1].float(), width)  # [B, T]

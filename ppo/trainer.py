@@ -438,10 +438,10 @@ class RLTrainer:
             minibatch_loss = 0.0  # checked for NaN / inf before the optimizer step
             for micro, weight, value_weight in zip(micro_batches, policy_weights, value_weights):
                 args = (micro["query_ids"], micro["query_mask"], micro["response_ids"], micro["response_mask"])
-                if "update_logprobs" in micro:  # computed before the advantages (reuse_update_forward)
-                    logprobs, entropy = micro["update_logprobs"], micro["update_entropy"]
-                else:
-                    logprobs, entropy = response_logprobs(self.policy, *args, temperature=temperature, with_entropy=True)
+                # Run before the advantages when it was the old policy's too (reuse_update_forward).
+                forward = ({k: micro[f"update_{k}"] for k in ("logprobs", "entropy", "values") if f"update_{k}" in micro}
+                           if "update_logprobs" in micro else self._update_forward(args, temperature))
+                logprobs, entropy = forward["logprobs"], forward["entropy"]
                 mask = micro["loss_mask"]
                 loss, metrics = policy_loss(logprobs, micro["old_logprobs"], micro["advantages"], mask,
                                             clip_low=cfg.cliprange, clip_high=cfg.cliprange_high,
@@ -463,8 +463,7 @@ class RLTrainer:
                 loss = loss * weight
                 vf_metrics = {}
                 if self.value_model is not None:
-                    new_values = micro["update_values"] if "update_values" in micro else \
-                        response_values(self.value_model, *args)  # [b, T]
+                    new_values = forward["values"]  # [b, T]
                     vf_loss, vf_metrics = value_loss(new_values, micro["values"], micro["returns"], mask,
                                                      clip_range_value=cfg.cliprange_value)
                     # One backward for both: the critic's graph is separate, so its gradients
@@ -494,20 +493,25 @@ class RLTrainer:
         averaged["early_stopped"] = float(stop_early)
         return averaged
 
+    def _update_forward(self, args: tuple, temperature: float) -> dict:
+        """The update's forward pass (with autograd): log-probs, entropies and, with a critic,
+        values ``[b, T]``."""
+        logprobs, entropy = response_logprobs(self.policy, *args, temperature=temperature, with_entropy=True)
+        out = {"logprobs": logprobs, "entropy": entropy}
+        if self.value_model is not None:
+            out["values"] = response_values(self.value_model, *args)
+        return out
+
     def _reused_update_forward(self, rollout: Rollout, temperature: float, timer: PhaseTimer) -> dict:
-        """The update's only forward pass, run now with autograd, when it is also the old
-        policy's (PPOConfig.reuse_update_forward): log-probs, entropies and values ``[B, T]``."""
+        """The update's only forward pass, run now, when it is also the old policy's
+        (PPOConfig.reuse_update_forward); {} otherwise."""
         if not self.reuses_update_forward:
             return {}
         with timer("update"):
             self.policy.train()
-            logprobs, entropy = response_logprobs(self.policy, *self._rollout_args(rollout), temperature=temperature,
-                                                  with_entropy=True)
-            reused = {"logprobs": logprobs, "entropy": entropy}
             if self.value_model is not None:
                 self.value_model.train()
-                reused["values"] = response_values(self.value_model, *self._rollout_args(rollout))
-        return reused
+            return self._update_forward(self._rollout_args(rollout), temperature)
 
     @staticmethod
     def _per_level_advantage(problems, advantages: torch.Tensor, response_mask: torch.Tensor) -> dict:

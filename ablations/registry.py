@@ -155,7 +155,9 @@ register(
     "Sampling at T = 0.7: must log-probs use logits / T? (Unscaled log-probs train on a different distribution.)",
     [Variant("scaled", PPO, {"temperature": 0.7, "scale_logits_by_temperature": True}),
      Variant("unscaled", PPO, {"temperature": 0.7, "scale_logits_by_temperature": False})],
-    metric="accuracy", extra_metrics=("kl_k1", "entropy"),
+    # kl_k1 is measured at the temperature each arm's loss uses (T = 0.7 vs 1); kl_k1_sampling
+    # at the sampling temperature for both, the one KL the two arms can be compared on.
+    metric="kl_k1_sampling", extra_metrics=("accuracy", "kl_k1", "entropy"),
 )
 register(
     "missing_eos",
@@ -186,7 +188,8 @@ register(
     "GRPO's per-sequence length normalisation vs Dr. GRPO's constant normaliser: do wrong answers grow longer?",
     [Variant("per_sequence", GRPO, {"loss_agg": "seq_mean_token_mean"}),
      Variant("constant", GRPO, {"loss_agg": "seq_mean_token_sum_norm"})],
-    metric="response_length_incorrect", extra_metrics=("response_length_correct", "accuracy"),
+    metric="response_length_incorrect",
+    extra_metrics=("response_length_correct", "accuracy", "loss_weight_incorrect_long", "loss_weight_incorrect_short"),
 )
 register(
     "kimi_length_reward",

@@ -113,6 +113,37 @@ def loss_units(mask: torch.Tensor, mode: str = "token_mean", skip_empty_rows: bo
     return torch.tensor(float(mask.shape[0]), device=mask.device)
 
 
+def token_loss_weights(mask: torch.Tensor, mode: str = "token_mean", max_len: int | None = None,
+                       skip_empty_rows: bool = False) -> torch.Tensor:
+    """The weight `aggregate` gives each real token of a row, relative to `token_mean`'s, ``[B]``.
+
+    `aggregate(values, mask, mode)` is linear in `values`; this returns, per row, the
+    derivative of the loss with respect to any one of that row's masked tokens, times the
+    number of masked tokens in the batch, so that `token_mean` gives 1 to every token. Under
+    `seq_mean_token_mean` a row of length L gets N / (B * L): long rows' tokens weigh less,
+    which is how GRPO's per-sequence normalisation lets long wrong answers escape their
+    penalty. Under `seq_mean_token_sum_norm` every row gets N / (B * max_len). Rows with no
+    masked token get 0. The trainer logs these for incorrect responses (the
+    `loss_weight_incorrect_*` metrics) to show how much less push long wrong answers got.
+
+    Worked example, mask `[[1, 1, 1, 1], [1, 0, 0, 0]]` (N = 5 tokens, B = 2 rows, T = 4):
+    token_mean [1, 1]; seq_mean_token_mean [5/8, 5/2]; seq_mean_token_sum_norm [5/8, 5/8].
+    """
+    is_real = mask.bool()
+    lengths = is_real.sum(-1).float()  # [B]
+    total_tokens = lengths.sum().clamp(min=1)
+    if mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg must be one of {LOSS_AGG_MODES}, got loss_agg={mode!r}")
+    units = loss_units(mask, mode, skip_empty_rows).clamp(min=1)
+    if mode == "token_mean":
+        per_token = torch.ones_like(lengths) / units
+    elif mode == "seq_mean_token_mean":
+        per_token = 1.0 / (units * lengths.clamp(min=1))
+    else:
+        per_token = torch.full_like(lengths, 1.0) / (units * (mask.shape[-1] if max_len is None else max_len))
+    return torch.where(lengths > 0, per_token * total_tokens, torch.zeros_like(per_token))
+
+
 def policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,

@@ -47,7 +47,7 @@ from .evaluation import accelerator_rng_devices, evaluate, preserve_rng_state, s
 from .filtering import PromptPool, group_pass_rates, keep_groups, zero_advantage_groups
 from .kl import kl_penalty, make_kl_controller
 from .logprobs import logprobs_from_logits, response_logprobs, response_values
-from .losses import entropy_loss, explained_variance, kl_loss, policy_loss, value_loss
+from .losses import entropy_loss, explained_variance, kl_loss, policy_loss, token_loss_weights, value_loss
 from .lora import AdapterDisabledReference, apply_lora, load_policy_weights, save_policy
 from .policy import (declared_stop_token_ids, disable_dropout, enable_gradient_checkpointing, load_policy,
                      resolve_max_prompt_length, scoring_mode)
@@ -283,8 +283,9 @@ class RLTrainer:
         if ref_logprobs is not None:
             kl = kl_penalty(old_logprobs, ref_logprobs, cfg.kl_estimator, cfg.kl_clip_at_zero) * response_mask  # [B, T]
             kl_k1 = (old_logprobs - ref_logprobs) * response_mask  # [B, T]: the unclamped k1 estimate
+            kl_sampling = self._sampling_temperature_kl(rollout, kl_k1)  # [B, T]: k1 at the sampling temperature
         else:
-            kl = kl_k1 = torch.zeros_like(old_logprobs)
+            kl = kl_k1 = kl_sampling = torch.zeros_like(old_logprobs)
 
         # ---- 5. per-token rewards ---------------------------------------------------------
         with timer("rewards"):
@@ -351,7 +352,7 @@ class RLTrainer:
         metrics = self._step_metrics(
             rollout=rollout, problems=problems, texts=texts, raw_scores=raw_scores, task_scores=task_scores,
             correct=correct, finite=finite, well_formed=well_formed, token_rewards=token_rewards, kl=kl, kl_k1=kl_k1,
-            has_ref=ref_logprobs is not None, old_logprobs=old_logprobs, response_mask=response_mask,
+            kl_sampling=kl_sampling, has_ref=ref_logprobs is not None, old_logprobs=old_logprobs, response_mask=response_mask,
             advantages=advantages, values=values, returns=returns, kept=kept,
             scalars={"kl_coef": beta, "length_reward_coef": length_coef, **update_metrics},
             batch=batch, timer=timer, step_start=step_start)
@@ -359,8 +360,8 @@ class RLTrainer:
         return metrics
 
     def _step_metrics(self, *, rollout, problems, texts, raw_scores, task_scores, correct, finite, well_formed,
-                      token_rewards, kl, kl_k1, has_ref, old_logprobs, response_mask, advantages, values, returns, kept,
-                      scalars, batch, timer, step_start) -> dict:
+                      token_rewards, kl, kl_k1, kl_sampling, has_ref, old_logprobs, response_mask, advantages,
+                      values, returns, kept, scalars, batch, timer, step_start) -> dict:
         """This step's metrics, each a mean over the global batch (one all-reduce for all of
         them), plus the decoded samples of every rank for samples.jsonl."""
         cfg = self.config
@@ -378,6 +379,8 @@ class RLTrainer:
             means.add(name, values_, None if mask is None else torch.as_tensor(mask, device=values_.device))
         if rollout.prompt_truncated is not None:
             means.add("prompt_truncated_frac", rollout.prompt_truncated.float())
+        means.add("kl_k1_sampling", kl_sampling.sum(-1), None if has_ref else 0.0)
+        self._add_incorrect_length_weights(means, lengths, correct, response_mask)
         if self.reward_model is not None:
             means.add("gold_score", task_scores)
         if values is not None:
@@ -534,6 +537,41 @@ class RLTrainer:
             metrics[f"adv_abs_level{level}"] = float(chosen.mean())
             metrics[f"adv_share_level{level}"] = float(chosen.sum()) / total if total > 0 else float("nan")
         return metrics
+
+    def _sampling_temperature_kl(self, rollout: Rollout, kl_k1: torch.Tensor) -> torch.Tensor:
+        """Per-token k1 KL to the reference at the *sampling* temperature, ``[B, T]``.
+
+        `kl_k1` is measured at the temperature the loss uses: the sampling temperature with
+        `scale_logits_by_temperature`, else 1. Runs that differ in that toggle would compare
+        KLs of different distributions; this one is the same quantity for both (the KL of
+        the distributions actually sampled from), at the cost of two extra no-grad forwards
+        when the two temperatures differ.
+        """
+        cfg = self.config
+        if cfg.scale_logits_by_temperature or cfg.temperature == 1.0:
+            return kl_k1
+        with torch.no_grad(), scoring_mode(self.policy, self.value_model):
+            args = self._rollout_args(rollout)
+            policy = response_logprobs(self.policy, *args, temperature=cfg.temperature)
+            reference = response_logprobs(self.ref_policy, *args, temperature=cfg.temperature)
+        return (policy - reference) * rollout.response_mask.float()
+
+    def _add_incorrect_length_weights(self, means, lengths, correct, response_mask) -> None:
+        """Per-token loss weight (relative to `token_mean`) of wrong answers longer and not
+        longer than the mean wrong answer: `loss_weight_incorrect_long` / `_short`.
+
+        Under GRPO's `seq_mean_token_mean` the long ones get less push per token (weight
+        N / (B * L)); under `token_mean` and Dr. GRPO's constant both are equal. Weights are
+        those of this rank's batch over the response mask (`ppo.losses.token_loss_weights`).
+        """
+        cfg = self.config
+        skip_empty_rows = cfg.difficulty_filter and cfg.difficulty_filter_mode != "mask"
+        weights = token_loss_weights(response_mask, cfg.loss_agg, cfg.response_length, skip_empty_rows)  # [B]
+        incorrect = (~correct).double()
+        totals = distributed.global_sum(torch.stack([(lengths.double() * incorrect).sum(), incorrect.sum()]))
+        mean_length = totals[0] / totals[1].clamp(min=1)
+        means.add("loss_weight_incorrect_long", weights, incorrect * (lengths > mean_length).double())
+        means.add("loss_weight_incorrect_short", weights, incorrect * (lengths <= mean_length).double())
 
     @staticmethod
     def _gather_pass_rates(problems, pass_rates: torch.Tensor) -> tuple[list, torch.Tensor]:

@@ -12,6 +12,7 @@ from ppo.losses import (
     explained_variance,
     kl_loss,
     policy_loss,
+    token_loss_weights,
     value_loss,
 )
 
@@ -78,6 +79,31 @@ def test_per_sequence_normalisation_gives_long_wrong_answers_a_smaller_push():
         loss, _ = policy_loss(logprobs, torch.zeros(2, 4), advantages, mask, loss_agg=mode)
         loss.backward()
         assert torch.allclose(logprobs.grad, torch.tensor(expected)), mode
+
+
+@pytest.mark.parametrize("mode, expected", [
+    ("token_mean", [1.0, 1.0, 0.0]),
+    # N = 5 real tokens, B = 3 rows: 5 / (3 * 4) and 5 / (3 * 1); the empty row gets 0
+    ("seq_mean_token_mean", [5 / 12, 5 / 3, 0.0]),
+    # constant 5 / (3 * T), T = 4
+    ("seq_mean_token_sum_norm", [5 / 12, 5 / 12, 0.0]),
+])
+def test_token_loss_weights_hand_computed(mode, expected):
+    mask = torch.tensor([[1, 1, 1, 1], [1, 0, 0, 0], [0, 0, 0, 0]])
+    assert torch.allclose(token_loss_weights(mask, mode), torch.tensor(expected))
+
+
+@pytest.mark.parametrize("mode", LOSS_AGG_MODES)
+@pytest.mark.parametrize("skip_empty_rows", [False, True])
+def test_token_loss_weights_are_the_gradient_of_aggregate(mode, skip_empty_rows):
+    # d aggregate / d value, times the number of real tokens, row by row
+    mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [0, 0, 0, 0, 0]])
+    values = torch.randn(4, 5, requires_grad=True)
+    aggregate(values, mask, mode, max_len=7, skip_empty_rows=skip_empty_rows).backward()
+    per_row = values.grad[:, 0] * mask.sum()
+    weights = token_loss_weights(mask, mode, max_len=7, skip_empty_rows=skip_empty_rows)
+    assert torch.allclose(weights, per_row)
+    assert torch.allclose(values.grad * mask.sum(), weights[:, None] * mask)
 
 
 # ---------------------------------------------------------------- clipped surrogate

@@ -148,3 +148,58 @@ def test_one_tensorboard_event_per_step_holds_what_add_scalar_would(tmp_path):
         events.Reload()
         read.append({tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]})
     assert read[0] == read[1] and read[1]["reward"] == [(1, -1.5), (2, -3.0)]
+
+
+def test_kl_at_the_sampling_temperature_is_one_quantity_for_both_temperature_toggles(tmp_path, tiny_model_dir):
+    # scaled log-probs: the loss's KL is already at T = 0.7, so the two metrics coincide
+    config = preset("alpacafarm", task="custom", model_path=str(tiny_model_dir), output_dir=str(tmp_path / "s"),
+                    temperature=0.7,
+                    value_init="policy", warmup_steps=0, **{**TINY, "total_steps": 2, "lr": 1e-2})
+    prompts = ["1+1=", "2+3=", "9+9="]
+    scaled = RLTrainer(config, prompts=prompts, reward_fn=count_ones)
+    scaled.train_step()  # step 1: policy = reference, every KL is 0; step 2 measures a moved policy
+    metrics = scaled.train_step()
+    assert metrics["kl_k1_sampling"] == metrics["kl_k1"] != 0
+    # unscaled: kl_k1 is at T = 1; kl_k1_sampling must equal k1 recomputed at T = 0.7 on the
+    # same rollout with the policy as it was before the update
+    unscaled = RLTrainer(config.replace(scale_logits_by_temperature=False, output_dir=str(tmp_path / "u")),
+                         prompts=prompts, reward_fn=count_ones)
+    seen = {}
+    measure = unscaled._sampling_temperature_kl
+
+    def spy(rollout, kl_k1):
+        seen["rollout"], seen["kl_k1"] = rollout, kl_k1
+        seen["policy"] = {k: v.clone() for k, v in unscaled.accelerator.unwrap_model(unscaled.policy).state_dict().items()}
+        seen["out"] = measure(rollout, kl_k1)
+        return seen["out"]
+
+    unscaled.train_step()
+    unscaled._sampling_temperature_kl = spy
+    metrics = unscaled.train_step()
+    from ppo.logprobs import response_logprobs
+    policy = unscaled.accelerator.unwrap_model(unscaled.policy)
+    policy.load_state_dict(seen["policy"])  # back to the rollout-time weights
+    rollout = seen["rollout"]
+    args = (rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.response_mask)
+    with torch.no_grad():
+        expected = (response_logprobs(policy.eval(), *args, temperature=0.7)
+                    - response_logprobs(unscaled.ref_policy, *args, temperature=0.7)) * rollout.response_mask
+    assert torch.allclose(seen["out"], expected, atol=1e-5)
+    assert metrics["kl_k1_sampling"] == pytest.approx(expected.sum(-1).mean().item(), abs=1e-5)
+    assert not torch.allclose(seen["out"], seen["kl_k1"])  # the T = 1 KL is a different number
+
+
+def test_loss_weights_of_long_and_short_wrong_answers_follow_loss_agg(tmp_path, tiny_model_dir):
+    # every answer is wrong (reward 0), lengths vary: GRPO's per-sequence mean gives the
+    # longer ones less weight per token, Dr. GRPO's constant normaliser the same weight
+    weights = {}
+    for mode in ("seq_mean_token_mean", "seq_mean_token_sum_norm", "token_mean"):
+        config = preset("grpo", task="custom", model_path=str(tiny_model_dir), output_dir=str(tmp_path / mode),
+                        group_size=4, loss_agg=mode, **{**TINY, "total_steps": 1})
+        trainer = RLTrainer(config, prompts=["1+1=", "2+3="], reward_fn=lambda p, r: [0.0] * len(r))
+        metrics = trainer.train_step()
+        weights[mode] = (metrics["loss_weight_incorrect_long"], metrics["loss_weight_incorrect_short"])
+    long_, short = weights["seq_mean_token_mean"]
+    assert long_ < short
+    assert weights["seq_mean_token_sum_norm"][0] == pytest.approx(weights["seq_mean_token_sum_norm"][1])
+    assert weights["token_mean"] == (1.0, 1.0)

@@ -8,6 +8,7 @@ Commands::
     python -m ablations report DIR
     python -m ablations bench [--steps 8] [--presets alpacafarm grpo]
     python -m ablations speed compare --peer-dir DIR --peer-python PY --peer-python-ppo PY
+    python -m ablations claims RESULTS [--update docs/results.md]
 
 ``run`` writes one ``ppo-train`` run directory per variant x seed under ``DIR/<ablation>/``
 (default ``DIR = sweeps/<first NAME>``), skips runs that are already complete and retries
@@ -165,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
                         add_help=False)
     commands.add_parser("speed", help="seconds per step side by side with TRL (python -m ablations speed --help)",
                         add_help=False)
+    commands.add_parser("claims", help="the lecture's claims and the at-a-glance lines, verdicts computed from a "
+                        "sweep (python -m ablations claims --help)", add_help=False)
     return parser
 
 
@@ -178,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         from .speed import main as speed_main
 
         return speed_main(argv[1:]) or 0
+    if argv and argv[0] == "claims":
+        from .claims import main as claims_main
+
+        return claims_main(argv[1:]) or 0
     args = build_parser().parse_args(argv)
     return args.handler(args)
 

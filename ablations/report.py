@@ -387,8 +387,8 @@ def base_variant(ablation: str, variants: Sequence[str]) -> str:
 
 
 def paired_differences(rows: Sequence[dict]) -> list[dict]:
-    """For every ablation, every non-base variant and every `PAIRED_COLUMNS` column: the
-    seed-paired difference from the base variant (ok runs only)."""
+    """For every ablation, every non-base variant and every `PAIRED_COLUMNS` column plus the
+    ablation's extra metrics: the seed-paired difference from the base variant (ok runs only)."""
     values: dict[tuple[str, str], dict[int, dict]] = {}
     for row in rows:
         if row["status"] == "ok":
@@ -402,7 +402,7 @@ def paired_differences(rows: Sequence[dict]) -> list[dict]:
         for variant in sorted(variants, key=lambda v: (order.get(v, len(order)), v)):
             if variant == base:
                 continue
-            for column in PAIRED_COLUMNS:
+            for column in PAIRED_COLUMNS + tuple(c for c in spec.extra_metrics if c not in PAIRED_COLUMNS):
                 base_values = {seed: r.get(column) for seed, r in values[(ablation, base)].items()}
                 variant_values = {seed: r.get(column) for seed, r in values[(ablation, variant)].items()}
                 result.append({"ablation": ablation, "variant": variant, "base": base, "column": column,

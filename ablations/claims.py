@@ -10,10 +10,12 @@ directory or its ``results.csv``, prints two markdown tables:
   paired difference from the base variant in the ablation's metric and in held-out sampled
   accuracy, each with the report's verdict (`ablations.report.verdict`).
 
-With ``--update`` both tables replace the text between the ``<!-- generated:claims -->`` /
-``<!-- generated:glance -->`` markers of that file (and their ``<!-- /generated:... -->``
-ends), so the doc can only say what the data says; `tests/test_claims.py` regenerates them
-from the committed ``docs/results/data/results.csv`` and checks the doc agrees.
+With ``--update FILE`` nothing is printed; instead every generated block of FILE is
+rewritten: the text between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``,
+where NAME is ``claims``, ``glance`` or ``table:ABLATION`` (that ablation's per-variant and
+paired tables, `ablation_tables`). The doc can then only say what the data says;
+`tests/test_claims.py` regenerates every block from the committed
+``docs/results/data/results.csv`` and checks the doc agrees.
 
 Verdicts. A claim names a direction: +1 (the first quantity is larger), -1 (smaller) or 0
 (no difference: "works as well", "does not hurt"). For a direction of +-1 the claim is
@@ -35,8 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .report import (TEXT_COLUMNS, _as_float, _fmt, ablation_spec, collect_runs, paired_difference,
-                     paired_differences, verdict)
+from .report import (TEXT_COLUMNS, _ablation_table, _as_float, _fmt, _paired_table, ablation_spec, collect_runs,
+                     paired_difference, paired_differences, summarise, verdict)
 
 
 @dataclass(frozen=True)
@@ -198,9 +200,46 @@ def glance_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+# Paired columns shown in docs/results.md (report.md and paired.csv have every one).
+DOC_PAIRED_COLUMNS = ("metric_value", "final_sampled_accuracy", "final_greedy_accuracy", "kl_k1",
+                      "response_length_correct", "response_length_incorrect")
+
+
+def ablation_tables(rows: Sequence[dict], ablation: str) -> str:
+    """One ablation's tables as in its report: per variant (mean ± 95% CI over seeds), then
+    the paired differences from the base variant with their verdicts."""
+    chosen = [r for r in rows if r["ablation"] == ablation]
+    if not chosen:
+        return f"(`{ablation}` is not in this sweep)"
+    spec = ablation_spec(ablation)
+    columns = DOC_PAIRED_COLUMNS + tuple(c for c in spec.extra_metrics if c not in DOC_PAIRED_COLUMNS)
+    paired = _paired_table(paired_differences(chosen), spec.metric, columns)
+    return _ablation_table(summarise(chosen)) + (f"\n\n{paired}" if paired else "")
+
+
 # ==========================================================================================
 # Generated blocks in a markdown file
 # ==========================================================================================
+def block_names(text: str) -> list[str]:
+    """The names of every generated block in `text`, in order."""
+    return re.findall(r"<!-- generated:([\w:.-]+) -->", text)
+
+
+def generated_tables(rows: Sequence[dict], names: Sequence[str]) -> dict[str, str]:
+    """What each named block must hold: ``claims``, ``glance``, ``table:ABLATION``."""
+    tables = {}
+    for name in names:
+        if name == "claims":
+            tables[name] = claims_table(rows)
+        elif name == "glance":
+            tables[name] = glance_table(rows)
+        elif name.startswith("table:"):
+            tables[name] = ablation_tables(rows, name.split(":", 1)[1])
+        else:
+            raise ValueError(f"unknown generated block {name!r} (claims, glance or table:ABLATION)")
+    return tables
+
+
 def generated_block(text: str, name: str) -> str:
     """The text between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``, stripped."""
     match = re.search(rf"<!-- generated:{name} -->\n(.*?)<!-- /generated:{name} -->", text, re.S)
@@ -226,19 +265,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    tables = {"claims": claims_table(rows), "glance": glance_table(rows)}
-    print(tables["claims"], tables["glance"], sep="\n\n")
-    if args.update:
-        path = Path(args.update)
-        text = path.read_text()
+    if not args.update:
+        print(claims_table(rows), glance_table(rows), sep="\n\n")
+        return 0
+    path = Path(args.update)
+    text = path.read_text()
+    try:
+        tables = generated_tables(rows, block_names(text))
         for name, content in tables.items():
-            try:
-                text = replace_block(text, name, content)
-            except ValueError as error:
-                print(f"error: {path}: {error}", file=sys.stderr)
-                return 2
-        path.write_text(text)
-        print(f"\nupdated {path}")
+            text = replace_block(text, name, content)
+    except ValueError as error:
+        print(f"error: {path}: {error}", file=sys.stderr)
+        return 2
+    path.write_text(text)
+    print(f"updated {len(tables)} generated blocks of {path}: {', '.join(tables)}")
     return 0
 
 

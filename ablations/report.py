@@ -523,8 +523,12 @@ def _ablation_table(entries: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
-def _paired_table(pairs: Sequence[dict], metric: str) -> str:
-    """Each variant's seed-paired difference from the base variant, with the verdict."""
+def _paired_table(pairs: Sequence[dict], metric: str, columns: Sequence[str] | None = None) -> str:
+    """Each variant's seed-paired difference from the base variant, with the verdict
+    (only `columns`, in the pairs' order, when given)."""
+    if columns is not None:
+        pairs = [p for p in pairs if p["column"] in columns]
+    pairs = [p for p in pairs if p["n"] > 0]  # a quantity no run logged
     if not pairs:
         return ""
     names = {"metric_value": f"`{metric}`"}

@@ -122,6 +122,7 @@ def test_cli_update_writes_both_blocks(tmp_path, capsys):
     doc = tmp_path / "doc.md"
     doc.write_text("<!-- generated:claims -->\n<!-- /generated:claims -->\n\n"
                    "<!-- generated:glance -->\n<!-- /generated:glance -->\n")
+    assert claims.main([str(data)]) == 0 and "| claim (source) |" in capsys.readouterr().out
     assert claims.main([str(data), "--update", str(doc)]) == 0
     text = doc.read_text()
     assert claims.generated_block(text, "glance") == claims.glance_table(ROWS)
@@ -134,5 +135,23 @@ def test_docs_results_tables_are_the_generated_ones():
     data = ROOT / "docs" / "results" / "data" / "results.csv"
     text = (ROOT / "docs" / "results.md").read_text()
     rows = claims.read_results(data)
-    assert claims.generated_block(text, "claims") == claims.claims_table(rows)
-    assert claims.generated_block(text, "glance") == claims.glance_table(rows)
+    names = claims.block_names(text)
+    assert {"claims", "glance"} <= set(names)
+    for name, content in claims.generated_tables(rows, names).items():
+        assert claims.generated_block(text, name) == content, name
+
+
+def test_cli_update_fills_ablation_table_blocks(tmp_path):
+    from ablations.report import _write_csv
+
+    data = tmp_path / "results.csv"
+    _write_csv(data, ROWS, ("ablation", "variant", "seed", "status"))
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- generated:table:toy -->\n<!-- /generated:table:toy -->\n<!-- generated:bogus -->\n"
+                   "<!-- /generated:bogus -->\n")
+    assert claims.main([str(data), "--update", str(doc)]) == 2  # an unknown block name is refused
+    doc.write_text("<!-- generated:table:toy -->\n<!-- /generated:table:toy -->\n")
+    assert claims.main([str(data), "--update", str(doc)]) == 0
+    block = claims.generated_block(doc.read_text(), "table:toy")
+    assert "| other | 3/3 | 0.800 ± 0.248 |" in block  # mean of [0.7, 0.8, 0.9], 4.303 * 0.1 / sqrt(3)
+    assert "Paired by seed against `base`" in block and "| other | final_sampled_accuracy | +0.167 ± 0.143 |" in block

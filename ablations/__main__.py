@@ -4,6 +4,7 @@ Commands::
 
     python -m ablations list
     python -m ablations run NAME [NAME ...] [--seeds 3] [--steps N] [--workers N] [--threads N] [--out DIR] [--no-reuse]
+                            [--variants VARIANT ...]
                             [--backend local|ray|slurm] [--address auto] [--cpus-per-run N] [--gpus-per-run N]
     python -m ablations report DIR
     python -m ablations bench [--steps 8] [--presets alpacafarm grpo]
@@ -20,6 +21,7 @@ run as a task on a Ray cluster, ``--backend slurm`` as a Slurm job (`ablations.b
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -67,12 +69,32 @@ def _build_and_show_report(sweep_dir: Path) -> int:
     return 0
 
 
+def _select_variants(ablations: list, wanted: list[str] | None) -> list:
+    """`ablations` keeping only the `wanted` variants plus each one's base (first) variant.
+
+    A name no selected ablation has is an error, so a typo does not silently run nothing.
+    """
+    if not wanted:
+        return ablations
+    known = {variant.name for ablation in ablations for variant in ablation.variants}
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        raise ValueError(f"--variants: no ablation given has {', '.join(unknown)} (variants: {', '.join(sorted(known))})")
+    return [dataclasses.replace(a, variants=tuple(v for i, v in enumerate(a.variants) if i == 0 or v.name in wanted))
+            for a in ablations]
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     known = _known_ablations()
     names = list(dict.fromkeys(args.names))
     unknown = [name for name in names if name not in known]
     if unknown:
         print(_unknown_names_message(unknown, known), file=sys.stderr)
+        return USAGE_ERROR
+    try:
+        ablations = _select_variants([known[name] for name in names], args.variants)
+    except ValueError as error:
+        print(f"run: {error}", file=sys.stderr)
         return USAGE_ERROR
     from .backends import BackendUnavailable, SweepDirNotShared, make_backend
     from .runner import run_sweep
@@ -82,7 +104,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         backend = make_backend(args.backend, workers=args.workers, address=args.address,
                                cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
                                partition=args.partition, time_min=args.time_min)
-        result = run_sweep([known[name] for name in names], sweep_dir, seeds=args.seeds, steps=args.steps,
+        result = run_sweep(ablations, sweep_dir, seeds=args.seeds, steps=args.steps,
                            workers=args.workers, threads=args.threads, timeout=args.timeout, progress=True, reuse=not args.no_reuse,
                            backend=backend)
     except (ValueError, BackendUnavailable) as error:
@@ -136,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--threads", type=_positive_int, default=None,
                      help="torch threads per run (default: cpu_count // workers); set it on a machine shared with other jobs")
     run.add_argument("--timeout", type=float, default=None, help="seconds before a run is killed and marked failed")
+    run.add_argument("--variants", nargs="+", metavar="VARIANT", default=None,
+                     help="run only these variants (of every NAME that has them); each ablation's base variant, "
+                          "its first, always runs, since the report compares every variant with it")
     run.add_argument("--no-reuse", action="store_true",
                      help="train every run, even one whose config equals a complete run's in the sweep dir "
                           "(by default such a run copies that run's outputs)")

@@ -280,3 +280,22 @@ def test_run_command_sweeps_then_reports(tmp_path, capsys, monkeypatch):
 def test_report_command_needs_an_existing_directory(tmp_path, capsys):
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "missing" in capsys.readouterr().err
+
+
+def test_variants_option_keeps_the_base_and_refuses_unknown_names(tmp_path, capsys, monkeypatch):
+    seen = {}
+
+    def fake_sweep(ablations, sweep_dir, **kwargs):
+        seen["variants"] = {a.name: [v.name for v in a.variants] for a in ablations}
+        return runner.SweepResult(Path(sweep_dir), [RunOutcome(None, "ok")])
+
+    report = types.SimpleNamespace(build_report=lambda d: Path(d) / "report.md", format_table=lambda d: "")
+    monkeypatch.setattr(runner, "run_sweep", fake_sweep)
+    monkeypatch.setitem(sys.modules, "ablations.report", report)
+    monkeypatch.chdir(tmp_path)
+    # whitening: both (base), rewards_only, advantages_only, neither; gamma_lambda has none of them
+    assert main(["run", "whitening", "gamma_lambda", "--variants", "neither"]) == 0
+    assert seen["variants"] == {"whitening": ["both", "neither"], "gamma_lambda": ["g1_l1"]}
+    seen.clear()
+    assert main(["run", "whitening", "--variants", "nither"]) == 2
+    assert "nither" in capsys.readouterr().err and not seen

@@ -33,6 +33,7 @@ Per-run numbers (`collect_runs`, one row per run directory, also written to ``re
     reused_from                 for a run copied from an identical run (see the runner):
                                 that run's path; "" for a run that trained
     <extra metric keys>         each extra metric of the ablation, last-10% mean
+    <extra metric key>:all      ... and its mean over every training step (`run_mean`)
 
 "Last 10% of steps" means the last ``ceil(n / 10)`` (at least one) of the training steps
 (step >= 1) on which the key was logged. Averaging a window rather than reading the last
@@ -64,6 +65,7 @@ DEFAULT_METRIC = "eval_sampled_accuracy"
 TAIL_FRACTION_DENOMINATOR = 10  # "last 10% of steps"
 SMOOTHING_WINDOW = 5  # moving-average width (logged points) for per-step curves
 SEED_DIR = re.compile(r"^seed(\d+)$")
+WHOLE_RUN_SUFFIX = ":all"  # results.csv column "<extra metric>:all": its mean over every step
 
 # Two-sided 95% Student-t quantiles t_{0.975, df} for df = n - 1 = 1..9 (n = 2..10 seeds),
 # written out so the report needs no scipy.
@@ -212,6 +214,17 @@ def tail_mean(rows: Sequence[dict], key: str) -> float:
     return float(finite.mean()) if len(finite) else float("nan")
 
 
+def run_mean(rows: Sequence[dict], key: str) -> float:
+    """Mean of `key` over every training step (step >= 1) that logged a finite value.
+
+    For per-step diagnostics whose claim is about the whole run (where the gradient weight
+    went during training) rather than its end; far less noisy than the last 10%.
+    """
+    _, values = series(rows, key, min_step=1)
+    finite = values[np.isfinite(values)]
+    return float(finite.mean()) if len(finite) else float("nan")
+
+
 def _last_logged(rows: Sequence[dict], key: str, min_step: int = 0) -> float:
     _, values = series(rows, key, min_step=min_step)
     finite = values[np.isfinite(values)]
@@ -297,6 +310,8 @@ def _run_row(sweep_dir: Path, ablation: str, variant: str, seed: int, run_dir: P
     }
     for key in spec.extra_metrics:
         row.setdefault(key, tail_mean(rows, key))
+    for key in spec.extra_metrics:
+        row.setdefault(key + WHOLE_RUN_SUFFIX, run_mean(rows, key))
     return row
 
 

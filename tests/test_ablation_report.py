@@ -212,6 +212,9 @@ def test_registry_metric_extras_and_variant_order(sweep, monkeypatch):
     beta0 = by_key(rows, variant="beta", seed=0)[0]
     assert math.isnan(beta0["vf_loss"]) and beta0["zero_advantage_group_frac"] == pytest.approx(0.25)
     assert by_key(rows, variant="alpha", seed=0)[0]["vf_loss"] == pytest.approx((1.9 + 2.0) / 2)
+    # ... and over the whole run: vf_loss = 0.1 * step for steps 1..20, mean 0.1 * 10.5
+    assert by_key(rows, variant="alpha", seed=0)[0]["vf_loss:all"] == pytest.approx(1.05)
+    assert math.isnan(beta0["vf_loss:all"])
 
 
 # ---- robustness -------------------------------------------------------------------------

@@ -173,6 +173,11 @@ def _difference(stats: dict, style: str) -> str:
     return f"{_fmt(stats['mean'], 'signed' if style == 'acc' else 'g')} ± {interval}"
 
 
+def _cell(text: str) -> str:
+    """Text safe inside a markdown table cell."""
+    return text.replace("|", "\\|")
+
+
 def claims_table(rows: Sequence[dict], claims: Sequence[Claim] = CLAIMS) -> str:
     """The lecture-claims markdown table."""
     lines = ["| claim (source) | ablation: comparison | quantity | difference (mean ± 95% CI, paired) | seeds | verdict |",
@@ -180,8 +185,8 @@ def claims_table(rows: Sequence[dict], claims: Sequence[Claim] = CLAIMS) -> str:
     for claim in claims:
         result = evaluate_claim(claim, rows)
         style = _style(claim.first[1])
-        lines.append(f"| {claim.claim} ({claim.source}) | `{claim.ablation}`: {claim.comparison()} | "
-                     f"{claim.quantity} | {_difference(result, style)} | {result['n']} | "
+        lines.append(f"| {_cell(claim.claim)} ({_cell(claim.source)}) | `{claim.ablation}`: {claim.comparison()} | "
+                     f"{_cell(claim.quantity)} | {_difference(result, style)} | {result['n']} | "
                      f"{claim_verdict(claim.direction, result, style)} |")
     return "\n".join(lines)
 

@@ -417,7 +417,8 @@ def paired_differences(rows: Sequence[dict]) -> list[dict]:
         for variant in sorted(variants, key=lambda v: (order.get(v, len(order)), v)):
             if variant == base:
                 continue
-            for column in PAIRED_COLUMNS + tuple(c for c in spec.extra_metrics if c not in PAIRED_COLUMNS):
+            columns = PAIRED_COLUMNS + tuple(c for c in spec.extra_metrics if c not in PAIRED_COLUMNS)
+            for column in (c for c in columns if c != spec.metric):  # metric_value already holds it
                 base_values = {seed: r.get(column) for seed, r in values[(ablation, base)].items()}
                 variant_values = {seed: r.get(column) for seed, r in values[(ablation, variant)].items()}
                 result.append({"ablation": ablation, "variant": variant, "base": base, "column": column,

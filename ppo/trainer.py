@@ -379,7 +379,9 @@ class RLTrainer:
             means.add(name, values_, None if mask is None else torch.as_tensor(mask, device=values_.device))
         if rollout.prompt_truncated is not None:
             means.add("prompt_truncated_frac", rollout.prompt_truncated.float())
-        means.add("kl_k1_sampling", kl_sampling.sum(-1), None if has_ref else 0.0)
+        # With beta = 0 there is no reference model, so the KLs are not measured (NaN), not 0.
+        no_ref = None if has_ref else torch.zeros((), device=kl.device)
+        means.add("kl_k1_sampling", kl_sampling.sum(-1), no_ref)
         self._add_incorrect_length_weights(means, lengths, correct, response_mask)
         if self.reward_model is not None:
             means.add("gold_score", task_scores)

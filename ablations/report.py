@@ -432,6 +432,8 @@ def verdict(entry: dict, style: str = "g") -> str:
         return "n/a (fewer than 2 paired seeds)"
     if entry["separated"]:
         return "separated"
+    if entry["mean"] == 0 and entry["sd"] == 0:
+        return "identical in every pair"
     return f"no difference detected at n={entry['n']} (detectable about {_fmt(entry['detectable'], style)})"
 
 

@@ -423,8 +423,7 @@ class RLTrainer:
         optimizer_steps = 0
         stop_early = False
         world = distributed.world_size()
-        # Filtered groups leave the loss's denominator too, unless the old masking is asked for.
-        skip_empty_rows = cfg.difficulty_filter and cfg.difficulty_filter_mode != "mask"
+        skip_empty_rows = self._skip_empty_rows
         self.policy.train()
         if self.value_model is not None:
             self.value_model.train()
@@ -540,6 +539,11 @@ class RLTrainer:
             metrics[f"adv_share_level{level}"] = float(chosen.sum()) / total if total > 0 else float("nan")
         return metrics
 
+    @property
+    def _skip_empty_rows(self) -> bool:
+        """Filtered groups leave the loss's denominator too, unless the old masking is asked for."""
+        return self.config.difficulty_filter and self.config.difficulty_filter_mode != "mask"
+
     def _sampling_temperature_kl(self, rollout: Rollout, kl_k1: torch.Tensor) -> torch.Tensor:
         """Per-token k1 KL to the reference at the *sampling* temperature, ``[B, T]``.
 
@@ -567,8 +571,7 @@ class RLTrainer:
         those of this rank's batch over the response mask (`ppo.losses.token_loss_weights`).
         """
         cfg = self.config
-        skip_empty_rows = cfg.difficulty_filter and cfg.difficulty_filter_mode != "mask"
-        weights = token_loss_weights(response_mask, cfg.loss_agg, cfg.response_length, skip_empty_rows)  # [B]
+        weights = token_loss_weights(response_mask, cfg.loss_agg, cfg.response_length, self._skip_empty_rows)  # [B]
         incorrect = (~correct).double()
         totals = distributed.global_sum(torch.stack([(lengths.double() * incorrect).sum(), incorrect.sum()]))
         mean_length = totals[0] / totals[1].clamp(min=1)

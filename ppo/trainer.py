@@ -13,7 +13,8 @@ One iteration (`RLTrainer.train_step`) reads top to bottom in the order the algo
 
 GRPO is not a second trainer: it is this loop with ``advantage_estimator="grpo"`` (no critic
 is built), ``kl_placement="loss"`` and ``group_size > 1``. Everything that is not the
-algorithm (devices, checkpoints, logging) lives in the helper methods below `train_step`.
+algorithm lives in modules named for it (`ppo/checkpoints.py`, `ppo/run_dir.py`,
+`ppo/distributed.py`, `ppo/precision.py`) or in the helper methods below `train_step`.
 """
 
 from __future__ import annotations
@@ -22,9 +23,7 @@ import contextlib
 import copy
 import json
 import math
-import os
 import random
-import shutil
 import time
 import warnings
 from collections import defaultdict
@@ -36,19 +35,18 @@ from tqdm.auto import tqdm
 
 from gae import estimate_advantages, whiten
 from value_model import ScalarHeadModel
-from value_model.model import load_value_weights
 from value_model.reward_model import last_token_scores
 
-from . import distributed, guards, lean_forward, run_dir
+from . import checkpoints, distributed, guards, lean_forward, run_dir
 from .buffer import ExperienceBuffer, accumulation_weights
 from .config import PPOConfig, describe
 from .dynamic_sampling import ScoredBatch, sample_batch
-from .evaluation import accelerator_rng_devices, evaluate, preserve_rng_state, score_batch
+from .evaluation import evaluate, preserve_rng_state, score_batch
 from .filtering import PromptPool, group_pass_rates, keep_groups, zero_advantage_groups
 from .kl import kl_penalty, make_kl_controller
 from .logprobs import logprobs_from_logits, response_logprobs, response_values
 from .losses import entropy_loss, explained_variance, kl_loss, policy_loss, token_loss_weights, value_loss
-from .lora import AdapterDisabledReference, apply_lora, load_policy_weights, save_policy
+from .lora import AdapterDisabledReference, apply_lora
 from .policy import (declared_stop_token_ids, disable_dropout, enable_gradient_checkpointing, load_policy,
                      resolve_max_prompt_length, scoring_mode)
 from .precision import cast_master_weights, clip_grad_norms, master_dtype, prepare_frozen, step_optimizers
@@ -847,141 +845,14 @@ class RLTrainer:
             for sample in self._last_samples:
                 handle.write(json.dumps(sample) + "\n")
 
-    # -- checkpoints ---------------------------------------------------------------------
+    # -- checkpoints (ppo/checkpoints.py) ------------------------------------------------
     def save_checkpoint(self) -> Path:
-        """Write ``checkpoints/step_N`` atomically (temp dir + rename); prune old ones.
-
-        The main process writes the weights and optimizer state (identical on every rank);
-        every other rank adds its own RNG state (``rng_rank{r}.pt``: its prompts, samples and
-        minibatch order), so an N-process resume continues exactly like a straight run.
-        """
-        root = self.output_dir / "checkpoints"
-        final = root / f"step_{self.step:06d}"
-        tmp = root / f".tmp_step_{self.step:06d}_{distributed.broadcast_object(os.getpid())}"
-        if distributed.is_main_process():
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            save_policy(self.accelerator.unwrap_model(self.policy), tmp / "policy")
-            self.tokenizer.save_pretrained(tmp / "policy")
-            if self.value_model is not None:
-                self.accelerator.unwrap_model(self.value_model).save_pretrained(tmp / "value")
-            torch.save({
-                "policy_optimizer": self.policy_optimizer.state_dict(),
-                "value_optimizer": self.value_optimizer.state_dict() if self.value_optimizer else None,
-                "schedulers": [s.state_dict() for s in self.schedulers],
-                **self._rng_state(),
-            }, tmp / "trainer_state.pt")
-            (tmp / "state.json").write_text(json.dumps({
-                "step": self.step, "kl_controller": self.kl_controller.state_dict(), "model_path": self.model_path,
-                "retired_prompts": sorted(self.prompt_pool.retired), "world_size": distributed.world_size(),
-                "samples_generated": self.samples_generated}))
-        distributed.barrier()  # the folder exists
-        if not distributed.is_main_process():
-            torch.save(self._rng_state(), tmp / f"rng_rank{distributed.rank()}.pt")
-        distributed.barrier()  # every rank's state is in it
-        if distributed.is_main_process():
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            checkpoints = sorted(root.glob("step_*"))
-            for old in checkpoints[: -self.config.keep_checkpoints] if self.config.keep_checkpoints else []:
-                shutil.rmtree(old)
-        distributed.barrier()
-        return final
-
-    def _rng_state(self) -> dict:
-        state = {"torch_rng": torch.get_rng_state(), "shuffle_rng": self.shuffle_generator.get_state(),
-                 "python_rng": self.rng.getstate()}
-        accelerator = accelerator_rng_devices()
-        if accelerator is not None:  # the GPU sampling stream, so a resume on GPU is exact too
-            state["device_rng"] = torch.get_device_module(accelerator[0]).get_rng_state_all()
-        return state
+        """Write ``checkpoints/step_N`` atomically; see `ppo.checkpoints.save`."""
+        return checkpoints.save(self)
 
     def load_checkpoint(self) -> bool:
-        """Restore the newest intact checkpoint; False when there is none.
-
-        A checkpoint that cannot be read (truncated weights, a damaged ``trainer_state.pt``,
-        or a crafted one: ``torch.load(weights_only=True)`` refuses pickles that would run
-        code) is skipped with a warning for the next older one; every rank skips the same
-        ones. A checkpoint loads under any number of processes that divides the batch; ranks
-        that have no saved RNG state (the world size changed) start fresh streams from their
-        seed and the step, so the run continues correctly but not bit-identically.
-        """
-        skipped = []
-        for path in run_dir.checkpoint_candidates(self.output_dir):
-            try:
-                saved, error = self._read_checkpoint(path), None
-            except Exception as exc:  # any way a file fails to read means a damaged checkpoint
-                saved, error = None, exc
-            if distributed.any_rank(error is not None):
-                reason = f"{type(error).__name__}: {error}" if error is not None else "damaged on another process"
-                warnings.warn(f"{path}: damaged checkpoint skipped ({reason})")
-                skipped.append(f"{path.name} ({reason})")
-                continue
-            self._apply_checkpoint(path, saved)
-            return True
-        if skipped:
-            raise run_dir.RunDirectoryError(f"{self.output_dir / 'checkpoints'}: no intact checkpoint ("
-                                            + "; ".join(skipped) + "); pass --restart to start the run over")
-        return False
-
-    def _read_checkpoint(self, path: Path) -> dict:
-        """Every file of one checkpoint, read into memory (raises if any is damaged)."""
-        info = json.loads((path / "state.json").read_text())
-        saved = {"info": info, "step": int(info["step"]), "kl_controller": info["kl_controller"],
-                 "trainer": torch.load(path / "trainer_state.pt", weights_only=True)}
-        _check_safetensors(path / "policy")
-        if self.value_model is not None:
-            _check_safetensors(path / "value")
-        rank_file = path / f"rng_rank{distributed.rank()}.pt"
-        same_world = info.get("world_size", 1) == distributed.world_size()
-        if not distributed.is_main_process() and rank_file.exists() and same_world:
-            saved["rank_rng"] = torch.load(rank_file, weights_only=True)
-        return saved
-
-    def _apply_checkpoint(self, path: Path, saved: dict) -> None:
-        # The learning rate, eps and weight decay of this config: an optimizer's state dict
-        # carries the saved ones, and a resume allowed to change them must use the new ones.
-        settings = [[{k: g[k] for k in ("initial_lr", "eps", "weight_decay")} for g in s.optimizer.param_groups]
-                    for s in self.schedulers]
-        state = saved["trainer"]
-        try:
-            load_policy_weights(self.accelerator.unwrap_model(self.policy), path / "policy")
-            if self.value_model is not None:
-                load_value_weights(self.accelerator.unwrap_model(self.value_model), path / "value")
-            self.policy_optimizer.load_state_dict(state["policy_optimizer"])
-            if self.value_optimizer is not None:
-                self.value_optimizer.load_state_dict(state["value_optimizer"])
-        except (RuntimeError, ValueError, KeyError, TypeError) as error:
-            raise run_dir.RunDirectoryError(f"{path}: does not fit the model and optimizer this config builds "
-                                            f"({type(error).__name__}: {error})") from None
-        for scheduler, scheduler_state, groups in zip(self.schedulers, state["schedulers"], settings):
-            scheduler.load_state_dict(scheduler_state)
-            scheduler.base_lrs = [g["initial_lr"] for g in groups]
-            for group, setting in zip(scheduler.optimizer.param_groups, groups):
-                group.update(setting, lr=setting["initial_lr"] * scheduler.lr_lambdas[0](scheduler.last_epoch))
-        info = saved["info"]
-        if distributed.is_main_process():
-            self._set_rng_state(state)
-        elif "rank_rng" in saved:
-            self._set_rng_state(saved["rank_rng"])
-        else:
-            seed = distributed.rank_seed(self.config.seed + info["step"], distributed.rank())
-            self._set_rng_state({"torch_rng": torch.manual_seed(seed).get_state(),
-                                 "shuffle_rng": torch.Generator().manual_seed(seed).get_state(),
-                                 "python_rng": random.Random(seed).getstate()})
-        self.step = saved["step"]
-        self.kl_controller.load_state_dict(saved["kl_controller"])
-        self.prompt_pool.retired = set(info.get("retired_prompts", []))
-        self.samples_generated = info.get("samples_generated", self.step * self.config.rollout_batch_size)
-
-    def _set_rng_state(self, state: dict) -> None:
-        accelerator = accelerator_rng_devices()
-        if accelerator is not None and state.get("device_rng") is not None:
-            torch.get_device_module(accelerator[0]).set_rng_state_all(state["device_rng"])
-        torch.set_rng_state(state["torch_rng"])
-        self.shuffle_generator.set_state(state["shuffle_rng"])
-        self.rng.setstate(state["python_rng"])
+        """Restore the newest intact checkpoint; False when there is none (`ppo.checkpoints.load`)."""
+        return checkpoints.load(self)
 
 
 def write_scalars(writer, scalars: dict[str, float], step: int) -> None:
@@ -990,14 +861,3 @@ def write_scalars(writer, scalars: dict[str, float], step: int) -> None:
 
     summary = Summary(value=[Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()])
     writer._get_file_writer().add_summary(summary, step)
-
-
-def _check_safetensors(path: Path) -> None:
-    """Read every weight file under `path` (raises on a truncated or garbled one)."""
-    from safetensors.torch import load_file
-
-    files = sorted(path.rglob("*.safetensors"))
-    if not files:
-        raise FileNotFoundError(f"{path}: no safetensors weights")
-    for file in files:
-        load_file(str(file))

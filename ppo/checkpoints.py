@@ -1,0 +1,192 @@
+"""Checkpoints of a training run: written atomically, read back only when intact.
+
+A checkpoint is a folder ``OUTPUT_DIR/checkpoints/step_NNNNNN`` holding
+
+- ``policy/`` (weights and tokenizer, or the LoRA adapter) and ``value/`` (the critic),
+  both as safetensors;
+- ``trainer_state.pt``: optimizer and scheduler state, the RNG streams of the main process;
+- ``state.json``: step, KL controller, retired prompts, world size, samples generated;
+- ``rng_rank{r}.pt`` for every other process: its own prompt, sampling and shuffling streams.
+
+`save` writes into a temporary folder and renames it into place, so a run killed mid-write
+leaves the previous checkpoint untouched. `load` takes the newest checkpoint whose every
+file reads back; a damaged one is skipped with a warning (on every rank alike). The trainer
+calls each once (`RLTrainer.save_checkpoint`, `RLTrainer.load_checkpoint`); the run
+directory's other files (config, metrics, resume checks) are `ppo/run_dir.py`'s.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import warnings
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+
+from value_model.model import load_value_weights
+
+from . import distributed, run_dir
+from .evaluation import accelerator_rng_devices
+from .lora import load_policy_weights, save_policy
+
+if TYPE_CHECKING:
+    from .trainer import RLTrainer
+
+
+def save(trainer: RLTrainer) -> Path:
+    """Write ``checkpoints/step_N`` atomically (temp dir + rename); prune old ones.
+
+    The main process writes the weights and optimizer state (identical on every rank);
+    every other rank adds its own RNG state (``rng_rank{r}.pt``: its prompts, samples and
+    minibatch order), so an N-process resume continues exactly like a straight run.
+    """
+    root = trainer.output_dir / "checkpoints"
+    final = root / f"step_{trainer.step:06d}"
+    tmp = root / f".tmp_step_{trainer.step:06d}_{distributed.broadcast_object(os.getpid())}"
+    if distributed.is_main_process():
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        save_policy(trainer.accelerator.unwrap_model(trainer.policy), tmp / "policy")
+        trainer.tokenizer.save_pretrained(tmp / "policy")
+        if trainer.value_model is not None:
+            trainer.accelerator.unwrap_model(trainer.value_model).save_pretrained(tmp / "value")
+        torch.save({
+            "policy_optimizer": trainer.policy_optimizer.state_dict(),
+            "value_optimizer": trainer.value_optimizer.state_dict() if trainer.value_optimizer else None,
+            "schedulers": [s.state_dict() for s in trainer.schedulers],
+            **rng_state(trainer),
+        }, tmp / "trainer_state.pt")
+        (tmp / "state.json").write_text(json.dumps({
+            "step": trainer.step, "kl_controller": trainer.kl_controller.state_dict(),
+            "model_path": trainer.model_path, "retired_prompts": sorted(trainer.prompt_pool.retired),
+            "world_size": distributed.world_size(), "samples_generated": trainer.samples_generated}))
+    distributed.barrier()  # the folder exists
+    if not distributed.is_main_process():
+        torch.save(rng_state(trainer), tmp / f"rng_rank{distributed.rank()}.pt")
+    distributed.barrier()  # every rank's state is in it
+    if distributed.is_main_process():
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        existing = sorted(root.glob("step_*"))
+        keep = trainer.config.keep_checkpoints
+        for old in existing[:-keep] if keep else []:
+            shutil.rmtree(old)
+    distributed.barrier()
+    return final
+
+
+def load(trainer: RLTrainer) -> bool:
+    """Restore the newest intact checkpoint into `trainer`; False when there is none.
+
+    A checkpoint that cannot be read (truncated weights, a damaged ``trainer_state.pt``,
+    or a crafted one: ``torch.load(weights_only=True)`` refuses pickles that would run
+    code) is skipped with a warning for the next older one; every rank skips the same
+    ones. A checkpoint loads under any number of processes that divides the batch; ranks
+    that have no saved RNG state (the world size changed) start fresh streams from their
+    seed and the step, so the run continues correctly but not bit-identically.
+    """
+    skipped = []
+    for path in run_dir.checkpoint_candidates(trainer.output_dir):
+        try:
+            saved, error = _read(trainer, path), None
+        except Exception as exc:  # any way a file fails to read means a damaged checkpoint
+            saved, error = None, exc
+        if distributed.any_rank(error is not None):
+            reason = f"{type(error).__name__}: {error}" if error is not None else "damaged on another process"
+            warnings.warn(f"{path}: damaged checkpoint skipped ({reason})")
+            skipped.append(f"{path.name} ({reason})")
+            continue
+        _apply(trainer, path, saved)
+        return True
+    if skipped:
+        raise run_dir.RunDirectoryError(f"{trainer.output_dir / 'checkpoints'}: no intact checkpoint ("
+                                        + "; ".join(skipped) + "); pass --restart to start the run over")
+    return False
+
+
+def rng_state(trainer: RLTrainer) -> dict:
+    """Every random stream this process draws from: torch (CPU and accelerator), the
+    minibatch shuffler and the prompt sampler."""
+    state = {"torch_rng": torch.get_rng_state(), "shuffle_rng": trainer.shuffle_generator.get_state(),
+             "python_rng": trainer.rng.getstate()}
+    accelerator = accelerator_rng_devices()
+    if accelerator is not None:  # the GPU sampling stream, so a resume on GPU is exact too
+        state["device_rng"] = torch.get_device_module(accelerator[0]).get_rng_state_all()
+    return state
+
+
+def set_rng_state(trainer: RLTrainer, state: dict) -> None:
+    accelerator = accelerator_rng_devices()
+    if accelerator is not None and state.get("device_rng") is not None:
+        torch.get_device_module(accelerator[0]).set_rng_state_all(state["device_rng"])
+    torch.set_rng_state(state["torch_rng"])
+    trainer.shuffle_generator.set_state(state["shuffle_rng"])
+    trainer.rng.setstate(state["python_rng"])
+
+
+def _read(trainer: RLTrainer, path: Path) -> dict:
+    """Every file of one checkpoint, read into memory (raises if any is damaged)."""
+    info = json.loads((path / "state.json").read_text())
+    saved = {"info": info, "step": int(info["step"]), "kl_controller": info["kl_controller"],
+             "trainer": torch.load(path / "trainer_state.pt", weights_only=True)}
+    check_safetensors(path / "policy")
+    if trainer.value_model is not None:
+        check_safetensors(path / "value")
+    rank_file = path / f"rng_rank{distributed.rank()}.pt"
+    same_world = info.get("world_size", 1) == distributed.world_size()
+    if not distributed.is_main_process() and rank_file.exists() and same_world:
+        saved["rank_rng"] = torch.load(rank_file, weights_only=True)
+    return saved
+
+
+def _apply(trainer: RLTrainer, path: Path, saved: dict) -> None:
+    # The learning rate, eps and weight decay of this config: an optimizer's state dict
+    # carries the saved ones, and a resume allowed to change them must use the new ones.
+    settings = [[{k: g[k] for k in ("initial_lr", "eps", "weight_decay")} for g in s.optimizer.param_groups]
+                for s in trainer.schedulers]
+    state = saved["trainer"]
+    try:
+        load_policy_weights(trainer.accelerator.unwrap_model(trainer.policy), path / "policy")
+        if trainer.value_model is not None:
+            load_value_weights(trainer.accelerator.unwrap_model(trainer.value_model), path / "value")
+        trainer.policy_optimizer.load_state_dict(state["policy_optimizer"])
+        if trainer.value_optimizer is not None:
+            trainer.value_optimizer.load_state_dict(state["value_optimizer"])
+    except (RuntimeError, ValueError, KeyError, TypeError) as error:
+        raise run_dir.RunDirectoryError(f"{path}: does not fit the model and optimizer this config builds "
+                                        f"({type(error).__name__}: {error})") from None
+    for scheduler, scheduler_state, groups in zip(trainer.schedulers, state["schedulers"], settings):
+        scheduler.load_state_dict(scheduler_state)
+        scheduler.base_lrs = [g["initial_lr"] for g in groups]
+        for group, setting in zip(scheduler.optimizer.param_groups, groups):
+            group.update(setting, lr=setting["initial_lr"] * scheduler.lr_lambdas[0](scheduler.last_epoch))
+    info = saved["info"]
+    if distributed.is_main_process():
+        set_rng_state(trainer, state)
+    elif "rank_rng" in saved:
+        set_rng_state(trainer, saved["rank_rng"])
+    else:
+        seed = distributed.rank_seed(trainer.config.seed + info["step"], distributed.rank())
+        set_rng_state(trainer, {"torch_rng": torch.manual_seed(seed).get_state(),
+                                "shuffle_rng": torch.Generator().manual_seed(seed).get_state(),
+                                "python_rng": random.Random(seed).getstate()})
+    trainer.step = saved["step"]
+    trainer.kl_controller.load_state_dict(saved["kl_controller"])
+    trainer.prompt_pool.retired = set(info.get("retired_prompts", []))
+    trainer.samples_generated = info.get("samples_generated", trainer.step * trainer.config.rollout_batch_size)
+
+
+def check_safetensors(path: Path) -> None:
+    """Read every weight file under `path` (raises on a truncated or garbled one)."""
+    from safetensors.torch import load_file
+
+    files = sorted(path.rglob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{path}: no safetensors weights")
+    for file in files:
+        load_file(str(file))

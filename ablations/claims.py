@@ -37,8 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .report import (TEXT_COLUMNS, _ablation_table, _as_float, _fmt, _paired_table, ablation_spec, collect_runs,
-                     paired_difference, paired_differences, summarise, verdict)
+from .report import (TEXT_COLUMNS, _ablation_table, _fmt, _paired_table, ablation_spec, collect_runs,
+                     paired_differences, summarise, verdict)
+from .stats import as_float as _as_float
+from .stats import paired_difference
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ import types
 import numpy as np
 import pytest
 
-from ablations import report
+from ablations import report, stats
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 STEPS = 20
@@ -103,20 +103,20 @@ def image_links(markdown):
 
 # ---- pure pieces ------------------------------------------------------------------------
 def test_mean_ci95_matches_hand_computation():
-    stats = report.mean_ci95([0.5, 0.6, 0.7])
-    assert stats["n"] == 3
-    assert stats["mean"] == pytest.approx(0.6)
-    assert stats["sd"] == pytest.approx(0.1)
-    assert stats["ci"] == pytest.approx(4.303 * 0.1 / math.sqrt(3)) and stats["ci"] == pytest.approx(0.2484, abs=1e-4)
-    one = report.mean_ci95([0.5, float("nan")])  # NaN seeds are dropped, not averaged in
+    ci = stats.mean_ci95([0.5, 0.6, 0.7])
+    assert ci["n"] == 3
+    assert ci["mean"] == pytest.approx(0.6)
+    assert ci["sd"] == pytest.approx(0.1)
+    assert ci["ci"] == pytest.approx(4.303 * 0.1 / math.sqrt(3)) and ci["ci"] == pytest.approx(0.2484, abs=1e-4)
+    one = stats.mean_ci95([0.5, float("nan")])  # NaN seeds are dropped, not averaged in
     assert one["n"] == 1 and one["mean"] == 0.5 and math.isnan(one["ci"])
-    assert report.mean_ci95([])["n"] == 0
+    assert stats.mean_ci95([])["n"] == 0
 
 
 def test_t_quantiles_and_moving_average():
-    assert report.t_quantile_975(2) == 4.303
-    assert report.t_quantile_975(10) == pytest.approx(2.228, abs=1e-3)
-    assert report.t_quantile_975(30) == pytest.approx(2.042, abs=1e-3)
+    assert stats.t_quantile_975(2) == 4.303
+    assert stats.t_quantile_975(10) == pytest.approx(2.228, abs=1e-3)
+    assert stats.t_quantile_975(30) == pytest.approx(2.042, abs=1e-3)
     np.testing.assert_allclose(report.moving_average(np.array([0, 0, 3, 0, 0.0]), window=3), [0, 1, 1, 1, 0])
     np.testing.assert_allclose(report.moving_average(np.array([1, np.nan, 3.0]), window=3), [1, 2, 3])
 
@@ -252,17 +252,17 @@ def test_sweep_with_only_failed_runs(tmp_path):
 # ---- paired statistics ------------------------------------------------------------------
 def test_paired_difference_matches_hand_computation():
     # module docstring: beta - alpha final accuracy per seed = [-0.2, -0.2, +0.1]
-    pair = report.paired_difference({0: 0.5, 1: 0.6, 2: 0.7}, {0: 0.3, 1: 0.4, 2: 0.8})
+    pair = stats.paired_difference({0: 0.5, 1: 0.6, 2: 0.7}, {0: 0.3, 1: 0.4, 2: 0.8})
     assert pair["mean"] == pytest.approx(-0.1)
     assert pair["sd"] == pytest.approx(math.sqrt(0.03))
     assert pair["ci"] == pytest.approx(4.303 * math.sqrt(0.03) / math.sqrt(3))  # 0.4303
     assert not pair["separated"]
     assert pair["detectable"] == pytest.approx((4.303 + 1.061) * math.sqrt(0.03) / math.sqrt(3))  # 0.5364
     # seeds missing on one side or non-finite are left out of the pairing
-    pair = report.paired_difference({0: 1.0, 1: 2.0, 2: float("nan"), 5: 3.0}, {0: 1.5, 1: 2.5, 2: 9.0})
+    pair = stats.paired_difference({0: 1.0, 1: 2.0, 2: float("nan"), 5: 3.0}, {0: 1.5, 1: 2.5, 2: 9.0})
     assert pair["seeds"] == [0, 1] and pair["n"] == 2 and pair["mean"] == pytest.approx(0.5)
     assert pair["sd"] == 0 and pair["separated"]  # a constant shift is separated
-    assert report.t_quantile_80(40) == pytest.approx(0.851, abs=2e-3)
+    assert stats.t_quantile_80(40) == pytest.approx(0.851, abs=2e-3)
 
 
 def test_report_prints_paired_differences_and_verdicts(sweep):

@@ -5,7 +5,9 @@ throughput this machine reaches, both measured in the same run:
 
 - FLOPs are counted by `torch.utils.flop_counter.FlopCounterMode` on the step's own batch
   with **real tokens only**: the rows are grouped by their real length (prompt + response,
-  no padding) and each group runs as one unpadded batch. The passes counted are the ones no
+  no padding) and each group runs as one unpadded batch; a prompt the batch repeats (GRPO's
+  G samples per prompt) is counted once, since its positions need computing once
+  (`sequence_flops`). The passes counted are the ones no
   loop can skip: generation (one forward pass over every real token; a KV-cached sampler
   does exactly that arithmetic), the reference forward (when beta > 0), the old critic's
   forward (PPO with more than one optimizer step per batch: nothing else gives the old
@@ -49,15 +51,25 @@ def _timed(fn) -> float:
 
 
 # ---- FLOPs on real tokens ----------------------------------------------------------------------
+def real_sequences(rollout) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each row's (prompt, response) real tokens: no padding, the response up to and
+    including its stop token."""
+    return [(ids_q[mask_q.bool()], ids_r[mask_r.bool()]) for ids_q, mask_q, ids_r, mask_r
+            in zip(rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.response_mask)]
+
+
+def length_groups(sequences: list[torch.Tensor]) -> list[torch.Tensor]:
+    """`sequences` stacked into ``[n, length]`` tensors, one per distinct length."""
+    groups = defaultdict(list)
+    for sequence in sequences:
+        groups[len(sequence)].append(sequence)
+    return [torch.stack(rows) for _, rows in sorted(groups.items())]
+
+
 def real_token_groups(rollout) -> list[torch.Tensor]:
     """The rollout's sequences without padding, as ``[n, length]`` id tensors, one per distinct
     real length (prompt tokens + response tokens up to and including the stop token)."""
-    groups = defaultdict(list)
-    for ids_q, mask_q, ids_r, mask_r in zip(rollout.query_ids, rollout.query_mask, rollout.response_ids,
-                                            rollout.response_mask):
-        sequence = torch.cat([ids_q[mask_q.bool()], ids_r[mask_r.bool()]])
-        groups[len(sequence)].append(sequence)
-    return [torch.stack(rows) for _, rows in sorted(groups.items())]
+    return length_groups([torch.cat(pair) for pair in real_sequences(rollout)])
 
 
 def _count(fn) -> int:
@@ -89,24 +101,38 @@ def model_flops(model, groups: list[torch.Tensor], backward: bool) -> int:
     return total
 
 
+def sequence_flops(model, rollout, backward: bool) -> int:
+    """FLOPs of `model` over the rollout's real tokens with each *distinct* prompt counted once:
+    a batch that repeats a prompt (GRPO's G samples) needs its prompt positions once, which
+    both the sampler (`ppo.lean_forward._prefill`) and the scoring passes
+    (`PPOConfig.share_prompt_prefix`) exploit. Counted as full sequences, minus every row's
+    prompt, plus each distinct prompt once."""
+    pairs = real_sequences(rollout)
+    full = model_flops(model, length_groups([torch.cat(pair) for pair in pairs]), backward)
+    distinct = {tuple(prompt.tolist()): prompt for prompt, _ in pairs}
+    if len(distinct) == len(pairs):
+        return full
+    every_prompt = model_flops(model, length_groups([prompt for prompt, _ in pairs]), backward)
+    return full - every_prompt + model_flops(model, length_groups(list(distinct.values())), backward)
+
+
 def floor_flops(trainer, rollout) -> dict[str, int]:
     """FLOPs of the passes one step of `trainer`'s config cannot avoid, on `rollout`."""
     cfg = trainer.config
     policy = trainer.accelerator.unwrap_model(trainer.policy)
     critic = trainer.accelerator.unwrap_model(trainer.value_model) if trainer.value_model is not None else None
-    groups = real_token_groups(rollout)
     # Generation scores every real token once; the last token's logits are never needed, a
     # difference of one token per row that this lower bound ignores.
-    policy_forward = model_flops(policy, groups, backward=False)
+    policy_forward = sequence_flops(policy, rollout, backward=False)
     flops = {"generate": policy_forward}
     if trainer.ref_policy is not None:
         flops["reference_forward"] = policy_forward  # the same architecture and tokens
     optimizer_steps = cfg.ppo_epochs * cfg.num_minibatches
     if critic is not None and optimizer_steps > 1:
-        flops["value_forward"] = model_flops(critic, groups, backward=False)
-    update = cfg.ppo_epochs * model_flops(policy, groups, backward=True)
+        flops["value_forward"] = sequence_flops(critic, rollout, backward=False)
+    update = cfg.ppo_epochs * sequence_flops(policy, rollout, backward=True)
     if critic is not None:
-        update += cfg.ppo_epochs * model_flops(critic, groups, backward=True)
+        update += cfg.ppo_epochs * sequence_flops(critic, rollout, backward=True)
     flops["update"] = update
     return flops
 

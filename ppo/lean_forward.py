@@ -26,7 +26,7 @@ without gradient checkpointing, not wrapped by DDP or peft, GPT-2 without the
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.nn.functional as F
@@ -34,6 +34,7 @@ from torch import nn
 
 LEAN_ATTRIBUTE = "_lean_forward_backbone"
 COMPILE_ATTRIBUTE = "_lean_forward_compiled"
+SHARE_ATTRIBUTE = "_lean_forward_share_prompts"
 
 
 def _backbone_kind(backbone: nn.Module) -> str | None:
@@ -84,10 +85,11 @@ def _compiled(run):
     return _COMPILED[run]
 
 
-def enable(*models: nn.Module | None, compile: bool = False) -> list[str]:
+def enable(*models: nn.Module | None, compile: bool = False, share_prompts: bool = True) -> list[str]:
     """Mark each supported model for the lean path (and, with `compile`, for its compiled
-    form: PPOConfig.compile_forward); returns the class names that were not supported (they
-    keep their module call)."""
+    form: PPOConfig.compile_forward; with `share_prompts`, for one pass per distinct prompt
+    in scoring passes: PPOConfig.share_prompt_prefix); returns the class names that were not
+    supported (they keep their module call)."""
     skipped = []
     for model in models:
         if model is None:
@@ -100,6 +102,7 @@ def enable(*models: nn.Module | None, compile: bool = False) -> list[str]:
             # must not see the backbone twice.
             object.__setattr__(model, LEAN_ATTRIBUTE, backbone)
             object.__setattr__(backbone, COMPILE_ATTRIBUTE, compile)
+            object.__setattr__(backbone, SHARE_ATTRIBUTE, share_prompts)
     return skipped
 
 
@@ -134,6 +137,19 @@ class KVCache:
     slot: torch.Tensor | None = None
 
 
+@dataclass
+class SharedPrompts:
+    """Keys and values of each *distinct* prompt, per layer (``[U, heads, Q, head_dim]``),
+    and the prompt of each row (`rows`, ``[B]``): a pass over the prompts records them, a
+    pass over the responses attends to ``cat(keys[rows], its own keys)``."""
+
+    rows: torch.Tensor
+    keys: list[torch.Tensor] = field(default_factory=list)
+    values: list[torch.Tensor] = field(default_factory=list)
+    recording: bool = True
+    length: int = 0
+
+
 def _attend(query, key, value, bias, scaling):
     if query.shape[2] == 1:  # one new token (sampling): the fused kernel is faster here
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=bias.to(query.dtype), scale=scaling)
@@ -143,10 +159,17 @@ def _attend(query, key, value, bias, scaling):
     return torch.matmul(weights, value).transpose(1, 2)  # [B, Lq, h, d]
 
 
-def _store(cache: KVCache | None, layer: int, key, value):
+def _store(cache: KVCache | SharedPrompts | None, layer: int, key, value):
     """Append this call's keys/values to the cache; return everything cached so far."""
     if cache is None:
         return key, value
+    if isinstance(cache, SharedPrompts):
+        if cache.recording:  # the distinct prompts' pass
+            cache.keys.append(key)
+            cache.values.append(value)
+            return key, value
+        return (torch.cat([cache.keys[layer][cache.rows], key], dim=2),
+                torch.cat([cache.values[layer][cache.rows], value], dim=2))
     if cache.slot is not None:
         cache.keys[layer].index_copy_(2, cache.slot, key)
         cache.values[layer].index_copy_(2, cache.slot, value)
@@ -238,7 +261,8 @@ def _llama_hidden(backbone, input_ids, position_ids, bias, cache):
     return _norm(backbone.norm, x)
 
 
-def hidden_states(backbone, input_ids, position_ids, key_mask, cache: KVCache | None = None) -> torch.Tensor:
+def hidden_states(backbone, input_ids, position_ids, key_mask, cache: KVCache | SharedPrompts | None = None
+                  ) -> torch.Tensor:
     """Final hidden states ``[B, L, H]`` of `input_ids` (attending to `key_mask`'s real keys,
     which covers the cached positions plus these)."""
     dtype = backbone.get_input_embeddings().weight.dtype
@@ -248,7 +272,7 @@ def hidden_states(backbone, input_ids, position_ids, key_mask, cache: KVCache | 
     run = _gpt2_hidden if _backbone_kind(backbone) == "gpt2" else _llama_hidden
     # Compiled for whole sequences and static-cache sampling steps (fixed shapes); the
     # prompt's prefill into the cache runs eagerly.
-    if (cache is None or cache.slot is not None) and backbone.__dict__.get(COMPILE_ATTRIBUTE):
+    if (cache is None or getattr(cache, "slot", None) is not None) and backbone.__dict__.get(COMPILE_ATTRIBUTE):
         run = _compiled(run)
     out = run(backbone, input_ids, position_ids, bias, cache)
     if cache is not None:
@@ -256,20 +280,63 @@ def hidden_states(backbone, input_ids, position_ids, key_mask, cache: KVCache | 
     return out
 
 
-def causal_lm_logits(model, input_ids, attention_mask, position_ids) -> torch.Tensor:
-    """Logits ``[B, L, V]``: the lean path when `model` is marked for it, else ``model(...)``."""
-    backbone = lean_backbone(model)
-    if backbone is None:
-        return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
-    return model.lm_head(hidden_states(backbone, input_ids, position_ids, attention_mask))
+def _shared_prompt_hidden(backbone, input_ids, attention_mask, position_ids, query_length: int):
+    """`response_hidden` with one pass per distinct prompt, or None when no prompt repeats.
+
+    A GRPO batch holds each prompt G times; rows do not interact, so the prompt positions'
+    keys, values and last hidden state are computed once per distinct prompt and indexed to
+    its rows, and only the response positions run per row (attending to their prompt's
+    keys through the index). The same arithmetic; gradients of a shared prompt are summed
+    over its rows by the index's backward, as the per-row passes sum them in the weights."""
+    prompts = torch.cat([input_ids[:, :query_length], attention_mask[:, :query_length]], dim=1)
+    unique, rows = torch.unique(prompts, dim=0, return_inverse=True)
+    if len(unique) == len(prompts):
+        return None
+    first = torch.empty(len(unique), dtype=torch.long, device=rows.device).scatter_(
+        0, rows, torch.arange(len(rows), device=rows.device))  # one row of each distinct prompt
+    shared = SharedPrompts(rows=rows)
+    prompt_hidden = hidden_states(backbone, input_ids[first, :query_length], position_ids[first, :query_length],
+                                  attention_mask[first, :query_length], shared)  # [U, Q, H]
+    last_prompt = prompt_hidden[rows, -1:]  # [B, 1, H]: predicts the first response token
+    if input_ids.shape[1] == query_length:
+        return last_prompt
+    shared.recording = False
+    responses = hidden_states(backbone, input_ids[:, query_length:], position_ids[:, query_length:],
+                              attention_mask, shared)  # [B, L-Q, H]
+    return torch.cat([last_prompt, responses], dim=1)
 
 
-def scalar_head_values(model, input_ids, attention_mask, position_ids) -> torch.Tensor:
-    """A `ScalarHeadModel`'s outputs ``[B, L]``, through the lean path when marked."""
+def response_hidden(backbone, input_ids, attention_mask, position_ids, query_length: int) -> torch.Tensor:
+    """Final hidden states ``[B, L-Q]`` at positions ``Q-1 .. L-2`` of ``[B, L]`` sequences
+    whose first `query_length` columns are the prompt: the positions whose outputs predict
+    the response tokens. The last column is never run (by causality no earlier output
+    depends on it), and with PPOConfig.share_prompt_prefix each distinct prompt runs once."""
+    input_ids, attention_mask, position_ids = input_ids[:, :-1], attention_mask[:, :-1], position_ids[:, :-1]
+    if backbone.__dict__.get(SHARE_ATTRIBUTE) and not backbone.__dict__.get(COMPILE_ATTRIBUTE):
+        hidden = _shared_prompt_hidden(backbone, input_ids, attention_mask, position_ids, query_length)
+        if hidden is not None:
+            return hidden
+    return hidden_states(backbone, input_ids, position_ids, attention_mask)[:, query_length - 1:]
+
+
+def response_logits(model, input_ids, attention_mask, position_ids, query_length: int) -> torch.Tensor:
+    """Logits ``[B, L-Q, V]`` at the positions that predict the response tokens (see
+    `response_hidden`): the lean path when `model` is marked for it, else ``model(...)``
+    on the sequences without their last column."""
     backbone = lean_backbone(model)
     if backbone is None:
-        return model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-    return model.head(hidden_states(backbone, input_ids, position_ids, attention_mask)).squeeze(-1)
+        return model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                     position_ids=position_ids[:, :-1]).logits[:, query_length - 1:]
+    return model.lm_head(response_hidden(backbone, input_ids, attention_mask, position_ids, query_length))
+
+
+def response_scalars(model, input_ids, attention_mask, position_ids, query_length: int) -> torch.Tensor:
+    """A `ScalarHeadModel`'s outputs ``[B, L-Q]`` at the same positions, lean when marked."""
+    backbone = lean_backbone(model)
+    if backbone is None:
+        return model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                     position_ids=position_ids[:, :-1])[:, query_length - 1:]
+    return model.head(response_hidden(backbone, input_ids, attention_mask, position_ids, query_length)).squeeze(-1)
 
 
 # ---- sampling --------------------------------------------------------------------------------

@@ -17,8 +17,11 @@ Implementation details that live here:
   row's stop token), and the outputs are padded back to ``[B, T]`` with zeros. A micro-batch
   of short responses then costs what its tokens cost, not what the longest response of the
   whole rollout batch costs.
+- **The last column never runs** (exact): its output would predict a token after the
+  response, and by causality no earlier output depends on it.
 - **The lean forward** (`PPOConfig.lean_forward`, `ppo.lean_forward`): GPT-2 and Llama
-  models run through their own modules without the Hugging Face call plumbing.
+  models run through their own modules without the Hugging Face call plumbing; with
+  `PPOConfig.share_prompt_prefix` each distinct prompt of a batch runs once.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .lean_forward import causal_lm_logits, scalar_head_values
+from .lean_forward import response_logits, response_scalars
 from .policy import position_ids_from_mask
 
 
@@ -86,9 +89,8 @@ def response_logprobs(model, query_ids, query_mask, response_ids, response_mask,
     """
     width = response_ids.shape[1]
     inputs, query_length, response_ids = _unpadded_inputs(query_ids, query_mask, response_ids, response_mask)
-    logits = causal_lm_logits(model, *inputs)  # [B, Q+t, V]
-    response_logits = logits[:, query_length - 1:-1]  # [B, t, V]: position t predicts token t+1
-    out = logprobs_from_logits(response_logits, response_ids, temperature, with_entropy)
+    logits = response_logits(model, *inputs, query_length)  # [B, t, V]: position t predicts token t+1
+    out = logprobs_from_logits(logits, response_ids, temperature, with_entropy)
     if not with_entropy:
         return _pad_columns(out, width)
     return _pad_columns(out[0], width), _pad_columns(out[1], width)
@@ -98,5 +100,5 @@ def response_values(value_model, query_ids, query_mask, response_ids, response_m
     """The critic's value of the state before each response token, ``[B, T]``."""
     width = response_ids.shape[1]
     inputs, query_length, _ = _unpadded_inputs(query_ids, query_mask, response_ids, response_mask)
-    values = scalar_head_values(value_model, *inputs)  # [B, Q+t]
-    return _pad_columns(values[:, query_length - 1:-1].float(), width)  # [B, T]
+    values = response_scalars(value_model, *inputs, query_length)  # [B, t]
+    return _pad_columns(values.float(), width)  # [B, T]

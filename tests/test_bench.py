@@ -4,7 +4,8 @@ from types import SimpleNamespace
 
 import torch
 
-from ablations.bench import calls_alone, floor_flops, format_bench, matmul_throughput, model_flops, real_token_groups
+from ablations.bench import (calls_alone, floor_flops, format_bench, matmul_throughput, model_flops, real_token_groups,
+                             sequence_flops)
 from ppo.config import PPOConfig
 from ppo.rollout import Rollout
 from ppo.trainer import RLTrainer
@@ -43,6 +44,20 @@ def test_flops_are_counted_on_real_tokens_forward_and_backward():
     # backward: the input gradient and the weight gradient, each as large as the forward
     assert model_flops(model, groups, backward=True) == 3 * 2 * 14 * 5 * 7
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_a_repeated_prompt_is_counted_once():
+    """A prompt the batch repeats is counted once; a batch of distinct prompts counts every
+    real token (`_rollout`'s 14)."""
+    model = LinearLM(vocab=7, hidden=5)
+    rollout = _rollout()
+    repeated = Rollout(torch.tensor([[0, 4, 5], [4, 5, 6], [0, 4, 5]]), torch.tensor([[0, 1, 1], [1, 1, 1], [0, 1, 1]]),
+                       rollout.response_ids, rollout.response_mask, rollout.has_eos)
+    per_token = 2 * 5 * 7
+    assert sequence_flops(model, rollout, backward=False) == 14 * per_token  # no prompt repeats
+    # rows: 2 + 3, 3 + 1, 2 + 4 real tokens = 15; the shared prompt once: 15 - 2 = 13
+    assert sequence_flops(model, repeated, backward=False) == 13 * per_token
+    assert sequence_flops(model, repeated, backward=True) == 3 * 13 * per_token
 
 
 def test_floor_counts_only_unavoidable_passes(tmp_path, tiny_model_dir):

@@ -16,7 +16,11 @@ optimizers and checkpoints are unchanged. The sampling loop keeps a static key/v
 buffer per layer (every step has the same shapes; unfilled positions are masked), runs
 each distinct prompt once, and draws each token with ``torch.multinomial`` on
 softmax(logits / T), the rule `generate` uses, so a seed gives the same samples (tested).
-`PPOConfig.compile_forward` hands the fixed-shape calls to torch.compile.
+`PPOConfig.compile_forward` hands the fixed-shape calls to torch.compile. Teacher-forced
+passes (`response_logits`, `response_scalars`) never run a sequence's last column (no
+output they return depends on it) and, with `PPOConfig.share_prompt_prefix`, run each
+distinct prompt of the batch once (`SharedPrompts`): a GRPO batch repeats every prompt G
+times.
 
 Used only where it is the same computation: a plain `GPT2LMHeadModel` / `LlamaForCausalLM`
 (or their backbones inside a `ScalarHeadModel`) in eval mode or with every dropout at 0,

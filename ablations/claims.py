@@ -12,8 +12,9 @@ directory or its ``results.csv``, prints two markdown tables:
 
 With ``--update FILE`` nothing is printed; instead every generated block of FILE is
 rewritten: the text between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``,
-where NAME is ``claims``, ``glance`` or ``table:ABLATION`` (that ablation's per-variant and
-paired tables, `ablation_tables`). The doc can then only say what the data says;
+where NAME is ``claims``, ``glance``, ``table:ABLATION`` (that ablation's per-variant and
+paired tables, `ablation_tables`) or ``pairs:ABLATION:VARIANT`` (its variants paired against
+VARIANT instead of the base, `paired_against`). The doc can then only say what the data says;
 `tests/test_claims.py` regenerates every block from the committed
 ``docs/results/data/results.csv`` and checks the doc agrees.
 
@@ -213,16 +214,30 @@ DOC_PAIRED_COLUMNS = ("metric_value", "final_sampled_accuracy", "final_greedy_ac
                       "response_length_correct", "response_length_incorrect")
 
 
+def _doc_paired_table(chosen: Sequence[dict], ablation: str, base: str | None = None) -> str:
+    spec = ablation_spec(ablation)
+    columns = DOC_PAIRED_COLUMNS + tuple(c for c in spec.extra_metrics if c not in DOC_PAIRED_COLUMNS)
+    return _paired_table(paired_differences(chosen, base), spec.metric, columns)
+
+
 def ablation_tables(rows: Sequence[dict], ablation: str) -> str:
     """One ablation's tables as in its report: per variant (mean ± 95% CI over seeds), then
     the paired differences from the base variant with their verdicts."""
     chosen = [r for r in rows if r["ablation"] == ablation]
     if not chosen:
         return f"(`{ablation}` is not in this sweep)"
-    spec = ablation_spec(ablation)
-    columns = DOC_PAIRED_COLUMNS + tuple(c for c in spec.extra_metrics if c not in DOC_PAIRED_COLUMNS)
-    paired = _paired_table(paired_differences(chosen), spec.metric, columns)
+    paired = _doc_paired_table(chosen, ablation)
     return _ablation_table(summarise(chosen)) + (f"\n\n{paired}" if paired else "")
+
+
+def paired_against(rows: Sequence[dict], ablation: str, base: str) -> str:
+    """The paired table of one ablation against another of its variants, `base` (for a
+    comparison the registry's base variant is not part of, e.g. two arms that share a
+    setting the base lacks)."""
+    chosen = [r for r in rows if r["ablation"] == ablation]
+    if not chosen:
+        return f"(`{ablation}` is not in this sweep)"
+    return _doc_paired_table(chosen, ablation, base) or f"(no paired seeds against `{base}`)"
 
 
 # ==========================================================================================
@@ -234,7 +249,8 @@ def block_names(text: str) -> list[str]:
 
 
 def generated_tables(rows: Sequence[dict], names: Sequence[str]) -> dict[str, str]:
-    """What each named block must hold: ``claims``, ``glance``, ``table:ABLATION``."""
+    """What each named block must hold: ``claims``, ``glance``, ``table:ABLATION`` or
+    ``pairs:ABLATION:VARIANT`` (every other variant paired against VARIANT)."""
     tables = {}
     for name in names:
         if name == "claims":
@@ -243,8 +259,12 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str]) -> dict[str, st
             tables[name] = glance_table(rows)
         elif name.startswith("table:"):
             tables[name] = ablation_tables(rows, name.split(":", 1)[1])
+        elif name.startswith("pairs:") and name.count(":") == 2:
+            _, ablation, base = name.split(":")
+            tables[name] = paired_against(rows, ablation, base)
         else:
-            raise ValueError(f"unknown generated block {name!r} (claims, glance or table:ABLATION)")
+            raise ValueError(f"unknown generated block {name!r} (claims, glance, table:ABLATION or "
+                             "pairs:ABLATION:VARIANT)")
     return tables
 
 

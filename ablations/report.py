@@ -326,9 +326,10 @@ def base_variant(ablation: str, variants: Sequence[str]) -> str:
     return sorted(variants)[0]
 
 
-def paired_differences(rows: Sequence[dict]) -> list[dict]:
+def paired_differences(rows: Sequence[dict], base: str | None = None) -> list[dict]:
     """For every ablation, every non-base variant and every `PAIRED_COLUMNS` column plus the
-    ablation's extra metrics: the seed-paired difference from the base variant (ok runs only)."""
+    ablation's extra metrics: the seed-paired difference from the base variant (ok runs only).
+    `base` names another variant to compare with instead (for rows of one ablation)."""
     values: dict[tuple[str, str], dict[int, dict]] = {}
     for row in rows:
         if row["status"] == "ok":
@@ -336,17 +337,19 @@ def paired_differences(rows: Sequence[dict]) -> list[dict]:
     result = []
     for ablation in sorted({a for a, _ in values}):
         variants = [v for a, v in values if a == ablation]
-        base = base_variant(ablation, variants)
+        if base is not None and base not in variants:
+            raise ValueError(f"{ablation}: no variant {base!r} with a finished run (have {', '.join(sorted(variants))})")
+        reference = base if base is not None else base_variant(ablation, variants)
         spec = ablation_spec(ablation)
         order = {name: i for i, name in enumerate(spec.variants)}
         for variant in sorted(variants, key=lambda v: (order.get(v, len(order)), v)):
-            if variant == base:
+            if variant == reference:
                 continue
             columns = PAIRED_COLUMNS + tuple(c for c in spec.extra_metrics if c not in PAIRED_COLUMNS)
             for column in (c for c in columns if c != spec.metric):  # metric_value already holds it
-                base_values = {seed: r.get(column) for seed, r in values[(ablation, base)].items()}
+                base_values = {seed: r.get(column) for seed, r in values[(ablation, reference)].items()}
                 variant_values = {seed: r.get(column) for seed, r in values[(ablation, variant)].items()}
-                result.append({"ablation": ablation, "variant": variant, "base": base, "column": column,
+                result.append({"ablation": ablation, "variant": variant, "base": reference, "column": column,
                                **paired_difference(base_values, variant_values)})
     return result
 

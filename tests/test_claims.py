@@ -155,3 +155,13 @@ def test_cli_update_fills_ablation_table_blocks(tmp_path):
     block = claims.generated_block(doc.read_text(), "table:toy")
     assert "| other | 3/3 | 0.800 ± 0.248 |" in block  # mean of [0.7, 0.8, 0.9], 4.303 * 0.1 / sqrt(3)
     assert "Paired by seed against `base`" in block and "| other | final_sampled_accuracy | +0.167 ± 0.143 |" in block
+
+
+def test_pairs_block_compares_with_another_variant():
+    """pairs:ABLATION:VARIANT pairs every other variant against VARIANT: here `base` minus
+    `other` in accuracy, the hand-computed pair negated (-0.167 ± 0.143)."""
+    block = claims.generated_tables(ROWS, ["pairs:toy:other"])["pairs:toy:other"]
+    assert "Paired by seed against `other`" in block
+    assert "| base | final_sampled_accuracy | -0.167 ± 0.143 | 3 | separated |" in block
+    with pytest.raises(ValueError, match="no variant 'missing'"):
+        claims.generated_tables(ROWS, ["pairs:toy:missing"])

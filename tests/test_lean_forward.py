@@ -57,6 +57,36 @@ def test_lean_sampling_gives_generates_samples_and_log_probs(char_tokenizer, arc
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_finished_rows_leave_the_cache_without_changing_any_sample(char_tokenizer, arch, monkeypatch):
+    """Rows that stopped are dropped from the sampling batch (`_drop_finished_rows`): the
+    same samples for a seed as `generate`, the same logits wherever a token was sampled."""
+    model = tiny(arch, char_tokenizer)
+    plain, lean = plain_and_lean(model)
+    # frequent stop tokens, so rows stop at many different steps
+    stops = char_tokenizer.convert_tokens_to_ids(list("0123+="))
+    batch_sizes, hidden_states = [], lean_forward.hidden_states
+
+    def recorded(backbone, input_ids, *rest):
+        batch_sizes.append(input_ids.shape[0])
+        return hidden_states(backbone, input_ids, *rest)
+
+    for temperature, greedy in ((1.0, False), (0.7, False), (1.0, True)):
+        torch.manual_seed(11)
+        expected = generate(plain, char_tokenizer, PROMPTS, 12, temperature=temperature, greedy=greedy,
+                            return_logits=True, stop_token_ids=stops)
+        torch.manual_seed(11)
+        monkeypatch.setattr(lean_forward, "hidden_states", recorded)
+        got = generate(lean, char_tokenizer, PROMPTS, 12, temperature=temperature, greedy=greedy,
+                       return_logits=True, stop_token_ids=stops)
+        monkeypatch.undo()
+        assert torch.equal(got.response_ids, expected.response_ids)
+        assert torch.equal(got.response_mask, expected.response_mask)
+        mask = expected.response_mask.bool()
+        torch.testing.assert_close(got.generation_logits[mask], expected.generation_logits[mask], atol=1e-5, rtol=1e-5)
+    assert min(batch_sizes) < len(PROMPTS)  # rows really left the cache
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_lean_values_match_the_scalar_head_model(char_tokenizer, arch):
     policy = tiny(arch, char_tokenizer)
     critic = ScalarHeadModel.from_policy(policy, head_init="normal").eval()

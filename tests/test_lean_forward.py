@@ -141,16 +141,16 @@ def _run(config, steps=3):
     return trainer, rows, weights
 
 
-def _assert_same_run(a, b, tolerance):
+def _assert_same_run(a, b, tolerance, clipfrac_slack=0.0):
     (_, rows_a, weights_a), (_, rows_b, weights_b) = a, b
     torch.testing.assert_close(weights_a, weights_b, atol=tolerance, rtol=tolerance)
     for row_a, row_b in zip(rows_a, rows_b):
         for key, value in row_a.items():
             if key.startswith("time_") or not isinstance(value, float):
                 continue
-            # A clip fraction counts tokens past a threshold: a value within rounding of the
-            # boundary may land on either side, moving it by one token's share of the update.
-            slack = 1 / 50 if "clipfrac" in key else tolerance
+            # A clip fraction counts tokens past a threshold: where the two runs round
+            # differently, a value at the boundary may land on either side (`clipfrac_slack`).
+            slack = max(clipfrac_slack, tolerance) if "clipfrac" in key else tolerance
             assert row_b[key] == pytest.approx(value, rel=tolerance, abs=slack, nan_ok=True), key
 
 
@@ -232,7 +232,8 @@ def test_sharing_prompts_changes_nothing_but_rounding(tmp_path, tiny_model_dir, 
                     **{**SETTINGS, "ppo_epochs": 2})
     shared = _run(config)
     off = _run(config.replace(share_prompt_prefix=False, output_dir=str(tmp_path / "b")))
-    _assert_same_run(shared, off, 1e-5)
+    # one token's share of the update (about 1/100 here) for a clip fraction
+    _assert_same_run(shared, off, 1e-5, clipfrac_slack=1 / 50)
 
 
 def test_adamw_foreach_is_bitwise_the_single_tensor_loop():

@@ -285,6 +285,19 @@ def hidden_states(backbone, input_ids, position_ids, key_mask, cache: KVCache | 
     return out
 
 
+def distinct_prompts(prompt_ids: torch.Tensor, prompt_mask: torch.Tensor):
+    """``(first, rows)`` for a batch that repeats prompts: `first` ``[U]`` is one row of each
+    distinct prompt (ids and mask equal; any copy, they are identical), `rows` ``[B]`` the
+    distinct prompt of each row. None when every prompt is distinct."""
+    keys = torch.cat([prompt_ids, prompt_mask.to(prompt_ids.dtype)], dim=1)
+    unique, rows = torch.unique(keys, dim=0, return_inverse=True)
+    if len(unique) == len(keys):
+        return None
+    first = torch.empty(len(unique), dtype=torch.long, device=rows.device).scatter_(
+        0, rows, torch.arange(len(rows), device=rows.device))
+    return first, rows
+
+
 def _shared_prompt_hidden(backbone, input_ids, attention_mask, position_ids, query_length: int):
     """`response_hidden` with one pass per distinct prompt, or None when no prompt repeats.
 
@@ -293,12 +306,10 @@ def _shared_prompt_hidden(backbone, input_ids, attention_mask, position_ids, que
     its rows, and only the response positions run per row (attending to their prompt's
     keys through the index). The same arithmetic; gradients of a shared prompt are summed
     over its rows by the index's backward, as the per-row passes sum them in the weights."""
-    prompts = torch.cat([input_ids[:, :query_length], attention_mask[:, :query_length]], dim=1)
-    unique, rows = torch.unique(prompts, dim=0, return_inverse=True)
-    if len(unique) == len(prompts):
+    distinct = distinct_prompts(input_ids[:, :query_length], attention_mask[:, :query_length])
+    if distinct is None:
         return None
-    first = torch.empty(len(unique), dtype=torch.long, device=rows.device).scatter_(
-        0, rows, torch.arange(len(rows), device=rows.device))  # one row of each distinct prompt
+    first, rows = distinct
     shared = SharedPrompts(rows=rows)
     prompt_hidden = hidden_states(backbone, input_ids[first, :query_length], position_ids[first, :query_length],
                                   attention_mask[first, :query_length], shared)  # [U, Q, H]
@@ -349,16 +360,13 @@ def _prefill(backbone, query_ids, query_mask, positions, cache: KVCache) -> torc
     """Run the prompts into the cache; each distinct prompt once (a GRPO batch repeats every
     prompt G times), its keys, values and last hidden state copied to its rows. Rows of a
     batch do not interact, so this is the same arithmetic as the full batch."""
-    rows = torch.cat([query_ids, query_mask.to(query_ids.dtype)], dim=1)
-    unique, inverse = torch.unique(rows, dim=0, return_inverse=True)
-    if len(unique) == len(rows):
+    found = distinct_prompts(query_ids, query_mask)
+    if found is None:
         return hidden_states(backbone, query_ids, positions, query_mask, cache)
-    # one row index per distinct prompt (any of its copies: they are identical)
-    first = torch.empty(len(unique), dtype=torch.long, device=rows.device).scatter_(
-        0, inverse, torch.arange(len(rows), device=rows.device))
+    first, inverse = found
     width = query_ids.shape[1]
-    distinct = KVCache(keys=[k.new_zeros(len(unique), k.shape[1], width, k.shape[3]) for k in cache.keys],
-                       values=[v.new_zeros(len(unique), v.shape[1], width, v.shape[3]) for v in cache.values])
+    distinct = KVCache(keys=[k.new_zeros(len(first), k.shape[1], width, k.shape[3]) for k in cache.keys],
+                       values=[v.new_zeros(len(first), v.shape[1], width, v.shape[3]) for v in cache.values])
     hidden = hidden_states(backbone, query_ids[first], positions[first], query_mask[first], distinct)
     for layer in range(len(cache.keys)):
         cache.keys[layer][:, :, :width] = distinct.keys[layer][inverse]

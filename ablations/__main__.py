@@ -10,6 +10,7 @@ Commands::
     python -m ablations bench [--steps 8] [--presets alpacafarm grpo]
     python -m ablations speed compare --peer-dir DIR --peer-python PY --peer-python-ppo PY
     python -m ablations claims RESULTS [--update docs/results.md]
+    python -m ablations estimate NAME|all [--seeds 3] [--timed-steps 2] [--json FILE]
 
 ``run`` writes one ``ppo-train`` run directory per variant x seed under ``DIR/<ablation>/``
 (default ``DIR = sweeps/<first NAME>``), skips runs that are already complete and retries
@@ -193,6 +194,8 @@ def build_parser() -> argparse.ArgumentParser:
                         add_help=False)
     commands.add_parser("claims", help="the lecture's claims and the at-a-glance lines, verdicts computed from a "
                         "sweep (python -m ablations claims --help)", add_help=False)
+    commands.add_parser("estimate", help="a sweep's serial time, projected from a few timed steps of each run "
+                        "(python -m ablations estimate --help)", add_help=False)
     return parser
 
 
@@ -210,6 +213,10 @@ def main(argv: list[str] | None = None) -> int:
         from .claims import main as claims_main
 
         return claims_main(argv[1:]) or 0
+    if argv and argv[0] == "estimate":
+        from .estimate import main as estimate_main
+
+        return estimate_main(argv[1:]) or 0
     args = build_parser().parse_args(argv)
     return args.handler(args)
 

@@ -1,0 +1,61 @@
+"""The sweep-time projection (`ablations.estimate`): its counts are what `train` does, identical
+runs count once, and a timed run's projection is its formula."""
+
+import pytest
+
+from ablations import estimate
+from ablations.registry import Ablation, Variant
+from ppo.config import PPOConfig
+from ppo.trainer import RLTrainer
+
+TINY = dict(rollout_batch_size=8, response_length=8, eval_size=8, progress=False, log_samples=0, lr=1e-3)
+
+
+@pytest.mark.parametrize("total_steps,eval_every,save_every", [(4, 2, 0), (5, 2, 3)])
+def test_evaluation_and_checkpoint_counts_are_what_train_does(tmp_path, tiny_model_dir, monkeypatch,
+                                                              total_steps, eval_every, save_every):
+    calls = {"evaluate": 0, "save_checkpoint": 0}
+    for name in calls:
+        original = getattr(RLTrainer, name)
+
+        def spy(self, *args, _original=original, _name=name, **kwargs):
+            calls[_name] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(RLTrainer, name, spy)
+    config = PPOConfig(model_path=str(tiny_model_dir), output_dir=str(tmp_path / "run"), total_steps=total_steps,
+                       eval_every=eval_every, save_every=save_every, **TINY)
+    RLTrainer(config).train()
+    assert calls["evaluate"] == estimate.evaluations(total_steps, eval_every)
+    assert calls["save_checkpoint"] == estimate.checkpoints(total_steps, save_every)
+
+
+def test_identical_runs_across_ablations_count_once():
+    base = Variant("base", "grpo")
+    first = Ablation("first", "?", (base, Variant("more_kl", "grpo", {"kl_coef": 0.2})), metric="kl")
+    second = Ablation("second", "?", (Variant("same_as_base", "grpo"), Variant("no_kl", "grpo", {"kl_coef": 0.0})),
+                      metric="kl")
+    runs = estimate.distinct_runs([first, second], seeds=3, steps=None, threads=1)
+    assert [(ablation, variant) for ablation, variant, _, _ in runs] == [
+        ("first", "base"), ("first", "more_kl"), ("second", "no_kl")]
+    assert all(count == 3 and config.threads == 1 and config.seed == 1 for _, _, config, count in runs)
+
+
+def test_a_timed_run_projects_its_own_formula(tiny_model_dir, tmp_path):
+    config = PPOConfig(model_path=str(tiny_model_dir), output_dir=str(tmp_path / "unused"), total_steps=30,
+                       eval_every=10, save_every=0, **TINY)
+    result = estimate.time_run("a", "v", config, runs=2, timed_steps=2, startup=1.5)
+    assert result.step > 0 and result.setup > 0 and result.eval > 0 and result.save > 0
+    assert (result.evals, result.saves) == (4, 1)
+    assert result.run_seconds == pytest.approx(1.5 + result.setup + 30 * result.step + 4 * result.eval + result.save)
+    assert result.seconds == pytest.approx(2 * result.run_seconds)
+    assert not (tmp_path / "unused").exists()  # timed in a scratch directory
+    table = estimate.format_table([result])
+    assert "| a | v | 30 |" in table and "2 runs (1 distinct configs x seeds)" in table
+
+
+def test_unknown_ablation_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        estimate.main(["no_such_ablation"])
+    assert exit_info.value.code == 2
+    assert "no_such_ablation" in capsys.readouterr().err

@@ -305,12 +305,15 @@ def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> li
 
 
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad id lists into `(input_ids, attention_mask)`, both `[batch, max_len]`."""
+    """Left-pad id lists into `(input_ids, attention_mask)`, both `[batch, max_len]`.
+
+    >>> left_pad([[5, 6], [7]], pad_id=0)
+    (tensor([[5, 6],
+            [0, 7]]), tensor([[1, 1],
+            [0, 1]]))
+    """
     width = max(len(s) for s in sequences)
-    input_ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((len(sequences), width), dtype=torch.long)
-    for row, ids in enumerate(sequences):
-        if ids:
-            input_ids[row, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
-            attention_mask[row, width - len(ids):] = 1
+    # Two tensors built from padded lists: one call each, not a slice assignment per row.
+    input_ids = torch.tensor([[pad_id] * (width - len(s)) + list(s) for s in sequences], dtype=torch.long)
+    attention_mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in sequences], dtype=torch.long)
     return input_ids, attention_mask

@@ -12,7 +12,7 @@ from ppo.config import PPOConfig, preset
 from ppo.logprobs import response_logprobs, response_values, trim_padding
 from ppo.rollout import generate
 from ppo.tiny_model import TinyModelConfig, build_tiny_model
-from ppo.trainer import RLTrainer
+from ppo.trainer import RLTrainer, adamw_kernel
 from value_model import ScalarHeadModel
 
 PROMPTS = ["12+35=", "1+2=", "99+99=", "7=", "3*4=", "10-9="] * 4
@@ -236,19 +236,27 @@ def test_sharing_prompts_changes_nothing_but_rounding(tmp_path, tiny_model_dir, 
     _assert_same_run(shared, off, 1e-5, clipfrac_slack=1 / 50)
 
 
-def test_adamw_foreach_is_bitwise_the_single_tensor_loop():
+def test_fused_adamw_is_the_single_tensor_loop_to_rounding(tmp_path, tiny_model_dir):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 3))
-    twin = copy.deepcopy(model)
-    fused = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-8, foreach=True)
-    loop = torch.optim.AdamW(twin.parameters(), lr=1e-2, eps=1e-8, foreach=False)
-    for step in range(4):
+    twin, start = copy.deepcopy(model), copy.deepcopy(model)
+    assert adamw_kernel([model]) == {"fused": True}
+    fused = torch.optim.AdamW(model.parameters(), lr=1e-2, eps=1e-8, weight_decay=0.01, **adamw_kernel([model]))
+    loop = torch.optim.AdamW(twin.parameters(), lr=1e-2, eps=1e-8, weight_decay=0.01, foreach=False)
+    for step in range(20):
         for p, q in zip(model.parameters(), twin.parameters()):
             g = torch.randn_like(p)
             p.grad, q.grad = g.clone(), g.clone()
         fused.step()
         loop.step()
-    assert all(torch.equal(p, q) for p, q in zip(model.parameters(), twin.parameters()))
+    assert min((p - p0).abs().max().item() for p, p0 in zip(model.parameters(), start.parameters())) > 0.05
+    assert all(torch.allclose(p, q, rtol=0, atol=1e-6) for p, q in zip(model.parameters(), twin.parameters()))
+    # the trainer's optimizers use it
+    config = PPOConfig(model_path=str(tiny_model_dir), output_dir=str(tmp_path / "run"), progress=False)
+    optimizer = RLTrainer(config).policy_optimizer
+    while hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
+    assert optimizer.defaults["fused"] is True
 
 
 def test_config_documents_the_speed_fields():

@@ -59,3 +59,12 @@ def test_unknown_ablation_is_a_usage_error(capsys):
         estimate.main(["no_such_ablation"])
     assert exit_info.value.code == 2
     assert "no_such_ablation" in capsys.readouterr().err
+
+
+def test_the_ablations_command_hands_estimate_over(capsys):
+    from ablations.__main__ import main
+
+    with pytest.raises(SystemExit) as exit_info:
+        main(["estimate", "--help"])
+    assert exit_info.value.code == 0
+    assert "--timed-steps" in capsys.readouterr().out

@@ -41,6 +41,8 @@ from torch.utils.flop_counter import FlopCounterMode
 from ppo.config import preset
 from ppo.logprobs import response_logprobs, response_values
 
+from .tables import markdown_table
+
 PHASES = ("generate", "score", "policy_forward", "reference_forward", "value_forward", "rewards", "advantages", "update")
 
 
@@ -254,23 +256,20 @@ def bench_identical_work(kind: str, model_path: str, steps: int, warmup: int = 4
 
 
 def format_bench(results: list[dict]) -> str:
-    lines = ["| setting | step (s) | floor (s) | step / floor | GFLOP per step | matmul GFLOP/s |",
-             "|---|---|---|---|---|---|"]
-    for r in results:
-        lines.append(f"| {r['name']} | {r['step']:.4f} | {r['floor']:.4f} | {r['ratio']:.1f} | "
-                     f"{sum(r['flops'].values()) / 1e9:.2f} | {r['throughput'] / 1e9:.0f} |")
-    lines.append("")
-    lines.append("| setting | phase | in the step (s) | call alone (s) | floor FLOPs (GFLOP) |")
-    lines.append("|---|---|---|---|---|")
+    totals = markdown_table(
+        ["setting", "step (s)", "floor (s)", "step / floor", "GFLOP per step", "matmul GFLOP/s"],
+        [[r["name"], f"{r['step']:.4f}", f"{r['floor']:.4f}", f"{r['ratio']:.1f}",
+          f"{sum(r['flops'].values()) / 1e9:.2f}", f"{r['throughput'] / 1e9:.0f}"] for r in results])
+    phases = []
     for r in results:
         for phase in PHASES:
             in_step, alone, flops = r["phases"].get(phase, 0.0), r["alone"].get(phase), r["flops"].get(phase)
             if in_step == 0.0 and alone is None and flops is None:
                 continue
-            alone_text = "-" if alone is None else f"{alone:.4f}"
-            flops_text = "-" if flops is None else f"{flops / 1e9:.3f}"
-            lines.append(f"| {r['name']} | {phase} | {in_step:.4f} | {alone_text} | {flops_text} |")
-    return "\n".join(lines)
+            phases.append([r["name"], phase, f"{in_step:.4f}", "-" if alone is None else f"{alone:.4f}",
+                           "-" if flops is None else f"{flops / 1e9:.3f}"])
+    return totals + "\n\n" + markdown_table(
+        ["setting", "phase", "in the step (s)", "call alone (s)", "floor FLOPs (GFLOP)"], phases)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -42,6 +42,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from .tables import markdown_table
+
 
 @dataclass
 class RunEstimate:
@@ -136,11 +138,10 @@ def time_run(ablation: str, variant: str, config, runs: int, timed_steps: int, s
 
 
 def format_table(estimates: list[RunEstimate]) -> str:
-    lines = ["| ablation | variant | steps | setup s | step s | eval s | projected run s | runs |",
-             "|---|---|---|---|---|---|---|---|"]
-    for e in estimates:
-        lines.append(f"| {e.ablation} | {e.variant} | {e.total_steps} | {e.setup:.1f} | {e.step:.3f} | "
-                     f"{e.eval:.2f} | {e.run_seconds:.0f} | {e.runs} |")
+    lines = [markdown_table(
+        ["ablation", "variant", "steps", "setup s", "step s", "eval s", "projected run s", "runs"],
+        [[e.ablation, e.variant, e.total_steps, f"{e.setup:.1f}", f"{e.step:.3f}", f"{e.eval:.2f}",
+          f"{e.run_seconds:.0f}", e.runs] for e in estimates])]
     total = sum(e.seconds for e in estimates)
     lines.append(f"\n{sum(e.runs for e in estimates)} runs ({len(estimates)} distinct configs x seeds): "
                  f"projected serial time {total:.0f} s ({total / 3600:.2f} h)")

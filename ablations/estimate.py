@@ -171,15 +171,17 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown ablation(s) {unknown}; `python -m ablations list` shows them")
     estimates, failed = [], []
-    for ablation, variant, config, runs in distinct_runs(names, args.seeds, args.steps, args.threads):
+    runs = distinct_runs(names, args.seeds, args.steps, args.threads)
+    for done, (ablation, variant, config, seeds) in enumerate(runs, start=1):
+        label = f"[{done}/{len(runs)}] {ablation}/{variant}"
         try:
-            estimate = time_run(ablation, variant, config, runs, args.timed_steps, startup)
+            estimate = time_run(ablation, variant, config, seeds, args.timed_steps, startup)
         except Exception as error:  # one broken run must not lose the others' timings
-            print(f"{ablation}/{variant}: failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
+            print(f"{label}: failed: {type(error).__name__}: {error}", file=sys.stderr, flush=True)
             failed.append(f"{ablation}/{variant}")
             continue
         estimates.append(estimate)
-        print(f"{ablation}/{variant}: step {estimate.step:.3f} s, run {estimate.run_seconds:.0f} s", flush=True)
+        print(f"{label}: step {estimate.step:.3f} s, run {estimate.run_seconds:.0f} s", flush=True)
         if args.json:
             with open(args.json, "a") as out:
                 out.write(json.dumps({**asdict(estimate), "run_seconds": estimate.run_seconds}) + "\n")

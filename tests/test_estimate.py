@@ -68,3 +68,23 @@ def test_the_ablations_command_hands_estimate_over(capsys):
         main(["estimate", "--help"])
     assert exit_info.value.code == 0
     assert "--timed-steps" in capsys.readouterr().out
+
+
+def test_the_command_times_every_distinct_run_and_writes_json(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    import json
+
+    from ablations import registry
+
+    small = dict(model_path=str(tiny_model_dir), rollout_batch_size=8, group_size=4, response_length=8,
+                 eval_size=8, eval_every=2)
+    tiny = Ablation("tiny_estimate", "?", (Variant("base", "grpo", small),
+                                           Variant("same", "grpo", small),  # identical: counted once
+                                           Variant("beta", "grpo", {**small, "kl_coef": 0.2})), metric="kl")
+    monkeypatch.setitem(registry.ABLATIONS, tiny.name, tiny)
+    out = tmp_path / "estimate.jsonl"
+    assert estimate.main([tiny.name, "--seeds", "2", "--steps", "3", "--timed-steps", "1", "--json", str(out)]) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [line["variant"] for line in lines] == ["base", "beta"]
+    assert all(line["runs"] == 2 and line["total_steps"] == 3 and line["evals"] == 3 for line in lines)
+    text = capsys.readouterr().out
+    assert "[2/2] tiny_estimate/beta" in text and "4 runs (2 distinct configs x seeds)" in text

@@ -375,7 +375,6 @@ def _prefill(backbone, query_ids, query_mask, positions, cache: KVCache) -> torc
     return hidden[inverse]
 
 
-@torch.no_grad()
 def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, max_new_tokens: int,
            stop_token_ids: list[int], pad_token_id: int, temperature: float = 1.0, greedy: bool = False,
            return_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -388,6 +387,17 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, max_new_tok
     temperature, softmax, one ``torch.multinomial`` draw per row per step (finished rows
     draw too and are overwritten by pad), or argmax when greedy.
     """
+    # Inference mode skips autograd's version counters and view tracking (a sampling batch of
+    # the identical work: 23.3 vs 25.7 ms); its tensors are copied on the way out, so the
+    # rollout's ids and logits are ordinary tensors the update may use under autograd.
+    with torch.inference_mode():
+        response, logits = _sample_loop(model, query_ids, query_mask, max_new_tokens, stop_token_ids,
+                                        pad_token_id, temperature, greedy, return_logits)
+    return response.clone(), (logits.clone() if logits is not None else None)
+
+
+def _sample_loop(model, query_ids, query_mask, max_new_tokens, stop_token_ids, pad_token_id, temperature, greedy,
+                 return_logits):
     backbone = lean_backbone(model)
     batch, prompt_length = query_ids.shape
     config = backbone.config

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import sys
 from pathlib import Path
 
@@ -187,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("dir", metavar="DIR")
     report.set_defaults(handler=cmd_report)
 
-    # Listed for --help only: main() hands `bench` and everything after it to ablations.bench.
+    # Listed for --help only: main() hands these and everything after them to their modules (DELEGATED).
     commands.add_parser("bench", help="step time against the FLOP floor (python -m ablations bench --help)",
                         add_help=False)
     commands.add_parser("speed", help="seconds per step side by side with TRL (python -m ablations speed --help)",
@@ -199,24 +200,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Commands with their own parser: main() hands everything after the name to ablations.<name>.main.
+DELEGATED = ("bench", "speed", "claims", "estimate")
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] == "bench":
-        from .bench import main as bench_main
-
-        return bench_main(argv[1:]) or 0
-    if argv and argv[0] == "speed":
-        from .speed import main as speed_main
-
-        return speed_main(argv[1:]) or 0
-    if argv and argv[0] == "claims":
-        from .claims import main as claims_main
-
-        return claims_main(argv[1:]) or 0
-    if argv and argv[0] == "estimate":
-        from .estimate import main as estimate_main
-
-        return estimate_main(argv[1:]) or 0
+    if argv and argv[0] in DELEGATED:
+        module = importlib.import_module(f".{argv[0]}", __package__)
+        return module.main(argv[1:]) or 0
     args = build_parser().parse_args(argv)
     return args.handler(args)
 

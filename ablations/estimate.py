@@ -115,23 +115,18 @@ def time_run(ablation: str, variant: str, config, runs: int, timed_steps: int, s
     """Build one run's trainer in a scratch directory and time it (see the module doc)."""
     from ppo.trainer import RLTrainer
 
+    def seconds(call) -> tuple:
+        start = time.perf_counter()
+        result = call()
+        return time.perf_counter() - start, result
+
     with tempfile.TemporaryDirectory() as scratch:
         config = config.replace(output_dir=scratch, progress=False)
-        start = time.perf_counter()
-        trainer = RLTrainer(config)
-        setup = time.perf_counter() - start
+        setup, trainer = seconds(lambda: RLTrainer(config))
         trainer.train_step()  # warm-up: first-call allocations and caches
-        steps = []
-        for _ in range(timed_steps):
-            start = time.perf_counter()
-            trainer.train_step()
-            steps.append(time.perf_counter() - start)
-        start = time.perf_counter()
-        trainer.evaluate()
-        evaluation = time.perf_counter() - start
-        start = time.perf_counter()
-        trainer.save_checkpoint()
-        save = time.perf_counter() - start
+        steps = [seconds(trainer.train_step)[0] for _ in range(timed_steps)]
+        evaluation, _ = seconds(trainer.evaluate)
+        save, _ = seconds(trainer.save_checkpoint)
     return RunEstimate(ablation, variant, config.total_steps, setup, statistics.median(steps), evaluation, save,
                        evaluations(config.total_steps, config.eval_every),
                        checkpoints(config.total_steps, config.save_every), startup, runs)

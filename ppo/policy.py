@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import weakref
 from pathlib import Path
 
 import torch
@@ -119,6 +120,47 @@ def disable_dropout(model: torch.nn.Module) -> None:
                     setattr(config, name, 0.0)
 
 
+_MODULE_TREES: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+
+
+def _children_ids(modules: tuple) -> tuple:
+    """Every module's children, by identity: equal for two calls exactly when the tree under
+    the first module is still made of the same modules (each child is itself listed)."""
+    return tuple(id(child) for module in modules for child in module._modules.values())
+
+
+def _plain_train(module: torch.nn.Module) -> bool:
+    """Whether ``module.train(mode)`` only sets ``training`` on it and its children:
+    `Module.train`, or `PreTrainedModel.train` without hub kernels to re-cast."""
+    method = type(module).train
+    if method is torch.nn.Module.train:
+        return True
+    return method is PreTrainedModel.train and not getattr(module, "use_kernels", False)
+
+
+def set_training(model: torch.nn.Module, mode: bool) -> None:
+    """``model.train(mode)``, the same flags set without `Module.train`'s recursion.
+
+    `Module.train` walks the module tree through generators and ``__setattr__`` on every
+    call: 0.4 ms for the 60 modules of a 4-layer GPT-2, and a PPO step switches policy and
+    critic 8 times. Here the module list is taken once per model (again whenever a module
+    anywhere in it was added, removed or replaced) and each ``training`` flag is written
+    directly. A model in which any module does more in ``train`` than set the flags (DDP
+    and peft wrappers, a Hugging Face model with hub kernels) gets its own method.
+    """
+    cached = _MODULE_TREES.get(model)
+    if cached is None or _children_ids(cached[0]) != cached[1]:
+        modules = tuple(model.modules())
+        cached = (modules, _children_ids(modules), all(map(_plain_train, modules)))
+        _MODULE_TREES[model] = cached
+    modules, _, plain = cached
+    if not plain:
+        model.train(mode)
+        return
+    for module in modules:
+        module.__dict__["training"] = mode
+
+
 @contextlib.contextmanager
 def scoring_mode(*models):
     """Run `models` in eval mode inside the block, then restore each one's mode.
@@ -129,12 +171,12 @@ def scoring_mode(*models):
     models = [m for m in models if m is not None and hasattr(m, "training")]
     was_training = [m.training for m in models]
     for model in models:
-        model.eval()
+        set_training(model, False)
     try:
         yield
     finally:
         for model, mode in zip(models, was_training):
-            model.train(mode)
+            set_training(model, mode)
 
 
 def _as_id_list(value) -> list[int]:
@@ -293,15 +335,14 @@ def encode_prompts(tokenizer: PreTrainedTokenizerBase, prompts: list[str]) -> li
     for index, prompt in enumerate(prompts):
         if not prompt:
             raise ValueError(f"prompts[{index}]: empty prompt")
-    encoded = []
-    batch = tokenizer(list(prompts), add_special_tokens=True)["input_ids"] if prompts else []  # one call
-    for ids in batch:
-        ids = list(ids)
-        bos = tokenizer.bos_token_id
-        if bos is not None and (not ids or ids[0] != bos):
-            ids = [bos] + ids
-        encoded.append(ids)
-    return encoded
+    # One tokenizer call over the distinct prompts (a GRPO batch repeats each G times:
+    # 0.13 instead of 0.57 ms for 4 x 8 prompts), each row then given its prompt's ids.
+    distinct = list(dict.fromkeys(prompts))
+    batch = tokenizer(distinct, add_special_tokens=True)["input_ids"] if distinct else []
+    bos = tokenizer.bos_token_id
+    by_prompt = {prompt: ([bos] if bos is not None and (not ids or ids[0] != bos) else []) + list(ids)
+                 for prompt, ids in zip(distinct, batch)}
+    return [list(by_prompt[prompt]) for prompt in prompts]
 
 
 def left_pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -48,7 +48,7 @@ from .logprobs import logprobs_from_logits, response_logprobs, response_values
 from .losses import entropy_loss, explained_variance, kl_loss, policy_loss, token_loss_weights, value_loss
 from .lora import AdapterDisabledReference, apply_lora
 from .policy import (declared_stop_token_ids, disable_dropout, enable_gradient_checkpointing, load_policy,
-                     resolve_max_prompt_length, scoring_mode)
+                     resolve_max_prompt_length, scoring_mode, set_training)
 from .precision import cast_master_weights, clip_grad_norms, master_dtype, prepare_frozen, step_optimizers
 from .rewards import (apply_missing_eos, clip_scores, format_reward, group_kimi_length_reward, length_reward_weight,
                       shape_rewards, whiten_rewards, whitening_gae_mask)
@@ -75,8 +75,8 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
 
 def _grad_norm(parameters: list[torch.nn.Parameter]) -> float:
     """L2 norm of all gradients of `parameters` together (parameters without one skipped)."""
-    norms = [p.grad.detach().float().norm() for p in parameters if p.grad is not None]
-    return float(torch.stack(norms).norm()) if norms else 0.0
+    grads = [p.grad.detach() for p in parameters if p.grad is not None]
+    return float(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).norm()) if grads else 0.0
 
 
 def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
@@ -432,9 +432,7 @@ class RLTrainer:
         stop_early = False
         world = distributed.world_size()
         skip_empty_rows = self._skip_empty_rows
-        self.policy.train()
-        if self.value_model is not None:
-            self.value_model.train()
+        self._set_training(True)
         for epoch, _, micro_batches in buffer.iterate(cfg.ppo_epochs, cfg.num_minibatches,
                                                       cfg.gradient_accumulation_steps, self.shuffle_generator):
             if stop_early:
@@ -505,6 +503,12 @@ class RLTrainer:
         averaged["early_stopped"] = float(stop_early)
         return averaged
 
+    def _set_training(self, mode: bool) -> None:
+        """Policy and critic in train (or eval) mode (`ppo.policy.set_training`)."""
+        for model in (self.policy, self.value_model):
+            if model is not None:
+                set_training(model, mode)
+
     def _update_forward(self, args: tuple, temperature: float) -> dict:
         """The update's forward pass (with autograd): log-probs, entropies and, with a critic,
         values ``[b, T]``."""
@@ -520,9 +524,7 @@ class RLTrainer:
         if not self.reuses_update_forward:
             return {}
         with timer("update"):
-            self.policy.train()
-            if self.value_model is not None:
-                self.value_model.train()
+            self._set_training(True)
             return self._update_forward(self._rollout_args(rollout), temperature)
 
     @staticmethod

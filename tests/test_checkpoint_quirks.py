@@ -9,7 +9,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ppo.config import PPOConfig
 from ppo.logprobs import response_logprobs
-from ppo.policy import declared_stop_token_ids, disable_dropout, gradient_checkpointing_active, load_policy, scoring_mode
+from ppo.policy import (declared_stop_token_ids, disable_dropout, gradient_checkpointing_active, load_policy,
+                        scoring_mode, set_training)
 from ppo.rollout import PromptTooLongError, generate
 from ppo.trainer import RLTrainer
 from tests.test_architectures import count_digits, save_checkpoint
@@ -129,6 +130,38 @@ def test_scoring_mode_is_eval_and_restores(tiny_model_dir):
     assert model.training
     disable_dropout(model)
     assert model.model.layers[0].self_attn.attention_dropout == 0.0 and model.config.attention_dropout == 0.0
+
+
+def test_set_training_sets_what_module_train_sets(tiny_model_dir):
+    fast, _ = load_policy(tiny_model_dir)
+    slow, _ = load_policy(tiny_model_dir)
+    fast.model.layers[0].mlp.eval()  # a mixed state: one mode must reach every module
+    slow.model.layers[0].mlp.eval()
+    for mode in (True, False, True, True, False):
+        set_training(fast, mode)
+        slow.train(mode)
+        assert [m.training for m in fast.modules()] == [m.training for m in slow.modules()] == [mode] * len(
+            list(slow.modules()))
+    calls = []
+
+    class Wrapper(torch.nn.Module):  # does more than set flags: its own train() must run
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def train(self, mode=True):
+            calls.append(mode)
+            return super().train(mode)
+
+    wrapped = Wrapper(fast)
+    set_training(wrapped, True)
+    set_training(wrapped, False)
+    assert calls == [True, False] and not any(m.training for m in wrapped.modules())
+    set_training(fast, True)
+    fast.model.add_module("extra", torch.nn.Linear(2, 2))  # a child added after the first call
+    fast.model.extra.eval()
+    set_training(fast, True)
+    assert fast.model.extra.training
 
 
 def test_attn_implementation_is_passed_and_agrees(tmp_path, tiny_model_dir):

@@ -103,6 +103,16 @@ def test_pad_token_added_when_missing(tmp_path, tiny_model_dir):
     assert tokenizer2.pad_token_id < model2.get_input_embeddings().weight.shape[0]
 
 
+def test_repeated_prompts_are_encoded_once_with_the_same_ids(tiny_model_dir):
+    _, tokenizer = load_policy(tiny_model_dir)
+    prompts = ["12+34=", "5+6=", "12+34=", "12+34=", "5+6="]
+    together = encode_prompts(tokenizer, prompts)
+    assert together == [encode_prompts(tokenizer, [p])[0] for p in prompts]
+    assert together[0][0] == tokenizer.bos_token_id and len(together[0]) > len(together[1])
+    together[0].append(-1)  # each row owns its list
+    assert together[2][-1] != -1
+
+
 def test_left_padding_does_not_change_logits(tiny_model_dir):
     """Position ids from the attention mask make a padded prompt equal to the unpadded one."""
     model, tokenizer = load_policy(tiny_model_dir)

@@ -75,6 +75,16 @@ def test_gradient_norms_and_clip_scale(tmp_path, tiny_model_dir, separate, max_g
     assert logged["policy_grad_norm"] > 0 and 0 < logged["policy_grad_scale"] <= 1
 
 
+def test_joint_gradient_norm_by_hand_and_without_half_precision_overflow():
+    from ppo.trainer import _grad_norm
+    a, b, c = (torch.nn.Parameter(torch.zeros(n)) for n in (2, 3, 1))
+    a.grad, b.grad = torch.tensor([3.0, 0.0]), torch.tensor([0.0, 4.0, 12.0])  # c has none: skipped
+    assert _grad_norm([a, b, c]) == pytest.approx(13.0)
+    half = torch.nn.Parameter(torch.zeros(2, dtype=torch.float16))
+    half.grad = torch.full((2,), 60000.0, dtype=torch.float16)  # each fits fp16, the norm does not
+    assert _grad_norm([half]) == pytest.approx(60000.0 * 2 ** 0.5, rel=1e-4)
+
+
 def test_no_value_model_for_group_estimators(tmp_path, tiny_model_dir):
     grpo = trainer(tmp_path, tiny_model_dir, advantage_estimator="grpo", group_size=4)
     assert grpo.value_model is None and grpo.value_optimizer is None

@@ -4,13 +4,13 @@ Commands::
 
     python -m ablations list
     python -m ablations run NAME [NAME ...] [--seeds 3] [--steps N] [--workers N] [--threads N] [--out DIR] [--no-reuse]
-                            [--variants VARIANT ...]
+                            [--variants VARIANT ...] [--compile]
                             [--backend local|ray|slurm] [--address auto] [--cpus-per-run N] [--gpus-per-run N]
     python -m ablations report DIR
     python -m ablations bench [--steps 8] [--presets alpacafarm grpo]
     python -m ablations speed compare --peer-dir DIR --peer-python PY --peer-python-ppo PY
     python -m ablations claims RESULTS [--update docs/results.md]
-    python -m ablations estimate NAME|all [--seeds 3] [--timed-steps 2] [--json FILE]
+    python -m ablations estimate NAME|all [--seeds 3] [--timed-steps 2] [--json FILE] [--compile]
 
 ``run`` writes one ``ppo-train`` run directory per variant x seed under ``DIR/<ablation>/``
 (default ``DIR = sweeps/<first NAME>``), skips runs that are already complete and retries
@@ -108,7 +108,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                partition=args.partition, time_min=args.time_min)
         result = run_sweep(ablations, sweep_dir, seeds=args.seeds, steps=args.steps,
                            workers=args.workers, threads=args.threads, timeout=args.timeout, progress=True, reuse=not args.no_reuse,
-                           backend=backend)
+                           backend=backend, compile_forward=args.compile)
     except (ValueError, BackendUnavailable) as error:
         print(f"run: {error}", file=sys.stderr)
         return USAGE_ERROR
@@ -159,6 +159,11 @@ def build_parser() -> argparse.ArgumentParser:
                           "threads; ray default: as many as the cluster fits; slurm default: 32 jobs)")
     run.add_argument("--threads", type=_positive_int, default=None,
                      help="torch threads per run (default: cpu_count // workers); set it on a machine shared with other jobs")
+    run.add_argument("--compile", action="store_true",
+                     help="compile every run's forward passes (PPOConfig.compile_forward): about 40 s per run with "
+                          "inductor's disk cache warm (2-3 minutes for the first run on a machine; needs a C++ "
+                          "compiler), then faster steps; pays on long runs of the AlpacaFarm preset "
+                          "(docs/performance.md; `estimate --compile` projects it)")
     run.add_argument("--timeout", type=float, default=None, help="seconds before a run is killed and marked failed")
     run.add_argument("--variants", nargs="+", metavar="VARIANT", default=None,
                      help="run only these variants (of every NAME that has them); each ablation's base variant, "

@@ -8,11 +8,15 @@ timed in this process:
 
 - ``setup``: building the trainer (models, reference, tokenizer, task);
 - ``step``: the median of `timed_steps` training steps after one warm-up step;
+- ``first_step``: how much longer the warm-up step took than a timed one (first-call
+  allocations; with ``--compile``, tracing and compiling the forward, which every run of a
+  sweep pays in its own process: the compiled code is dropped before each timed run, so
+  only inductor's disk cache carries over, as between a sweep's processes);
 - ``eval``: one held-out evaluation (`RLTrainer.evaluate`);
 - ``save``: one checkpoint.
 
-A run of T steps is projected as ``startup + setup + T * step + evals * eval + saves *
-save``, with the evaluations and checkpoints `RLTrainer.train` makes (one evaluation at
+A run of T steps is projected as ``startup + setup + first_step + T * step + evals * eval
++ saves * save``, with the evaluations and checkpoints `RLTrainer.train` makes (one evaluation at
 the start, one every ``eval_every`` steps and at the end; a checkpoint every ``save_every``
 steps and at the end) and ``startup`` the import time of the training code (each run is
 its own process). Every seed of a variant is projected at seed 1's times.
@@ -27,7 +31,7 @@ machine, alternating, rather than reading it as a clock time.
 Command::
 
     python -m ablations estimate NAME... [--seeds 3] [--steps N] [--threads 1]
-                                         [--timed-steps 2] [--json FILE]
+                                         [--timed-steps 2] [--json FILE] [--compile]
 """
 
 from __future__ import annotations
@@ -60,11 +64,12 @@ class RunEstimate:
     saves: int
     startup: float
     runs: int  # seeds this (distinct) run is trained for
+    first_step: float = 0.0  # the warm-up step's seconds beyond a timed step's (compilation)
 
     @property
     def run_seconds(self) -> float:
-        return (self.startup + self.setup + self.total_steps * self.step + self.evals * self.eval
-                + self.saves * self.save)
+        return (self.startup + self.setup + self.first_step + self.total_steps * self.step
+                + self.evals * self.eval + self.saves * self.save)
 
     @property
     def seconds(self) -> float:
@@ -93,16 +98,17 @@ def checkpoints(total_steps: int, save_every: int) -> int:
                 if step == total_steps or (save_every and step % save_every == 0)})
 
 
-def distinct_runs(names: list, seeds: int, steps: int | None, threads: int) -> list[tuple]:
+def distinct_runs(names: list, seeds: int, steps: int | None, threads: int,
+                  compile_forward: bool = False) -> list[tuple]:
     """``(ablation, variant, config, runs)`` for each run the runner would train (seed 1's
-    config; `runs` = seeds), identical runs across the named ablations (names or `Ablation`
-    objects) counted once."""
-    from .runner import config_fingerprint, plan_runs
+    config as `run` sets it, `runner.sweep_config`; `runs` = seeds), identical runs across
+    the named ablations (names or `Ablation` objects) counted once."""
+    from .runner import config_fingerprint, plan_runs, sweep_config
 
     seen, out = set(), []
     for name in names:
         for spec in plan_runs(name, 1, steps, Path(tempfile.gettempdir()) / "estimate"):
-            config = spec.config.replace(threads=threads)
+            config = sweep_config(spec.config, threads, compile_forward)
             key = config_fingerprint(config)
             if key in seen:
                 continue
@@ -120,23 +126,29 @@ def time_run(ablation: str, variant: str, config, runs: int, timed_steps: int, s
         result = call()
         return time.perf_counter() - start, result
 
+    if config.compile_forward:  # a sweep's run is a fresh process: nothing compiled in memory
+        import torch._dynamo
+
+        torch._dynamo.reset()
     with tempfile.TemporaryDirectory() as scratch:
         config = config.replace(output_dir=scratch, progress=False)
         setup, trainer = seconds(lambda: RLTrainer(config))
-        trainer.train_step()  # warm-up: first-call allocations and caches
+        warm_up, _ = seconds(trainer.train_step)  # first-call allocations, compilation
         steps = [seconds(trainer.train_step)[0] for _ in range(timed_steps)]
         evaluation, _ = seconds(trainer.evaluate)
         save, _ = seconds(trainer.save_checkpoint)
-    return RunEstimate(ablation, variant, config.total_steps, setup, statistics.median(steps), evaluation, save,
+    step = statistics.median(steps)
+    return RunEstimate(ablation, variant, config.total_steps, setup, step, evaluation, save,
                        evaluations(config.total_steps, config.eval_every),
-                       checkpoints(config.total_steps, config.save_every), startup, runs)
+                       checkpoints(config.total_steps, config.save_every), startup, runs,
+                       first_step=max(0.0, warm_up - step))
 
 
 def format_table(estimates: list[RunEstimate]) -> str:
     lines = [markdown_table(
-        ["ablation", "variant", "steps", "setup s", "step s", "eval s", "projected run s", "runs"],
-        [[e.ablation, e.variant, e.total_steps, f"{e.setup:.1f}", f"{e.step:.3f}", f"{e.eval:.2f}",
-          f"{e.run_seconds:.0f}", e.runs] for e in estimates])]
+        ["ablation", "variant", "steps", "setup s", "first step + s", "step s", "eval s", "projected run s", "runs"],
+        [[e.ablation, e.variant, e.total_steps, f"{e.setup:.1f}", f"{e.first_step:.1f}", f"{e.step:.3f}",
+          f"{e.eval:.2f}", f"{e.run_seconds:.0f}", e.runs] for e in estimates])]
     total = sum(e.seconds for e in estimates)
     lines.append(f"\n{sum(e.runs for e in estimates)} runs ({len(estimates)} distinct configs x seeds): "
                  f"projected serial time {total:.0f} s ({total / 3600:.2f} h)")
@@ -152,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="torch threads per run (the runner gives each of its workers cpu_count // workers)")
     parser.add_argument("--timed-steps", type=int, default=2, help="timed steps per run after one warm-up step")
     parser.add_argument("--json", default=None, help="append one JSON line per run to this file")
+    parser.add_argument("--compile", action="store_true",
+                        help="project a `run --compile` sweep: every run's forward compiled (PPOConfig.compile_forward)")
     args = parser.parse_args(argv)
     for field in ("seeds", "threads", "timed_steps"):
         if getattr(args, field) < 1:
@@ -166,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"unknown ablation(s) {unknown}; `python -m ablations list` shows them")
     estimates, failed = [], []
-    runs = distinct_runs(names, args.seeds, args.steps, args.threads)
+    runs = distinct_runs(names, args.seeds, args.steps, args.threads, args.compile)
     for done, (ablation, variant, config, seeds) in enumerate(runs, start=1):
         label = f"[{done}/{len(runs)}] {ablation}/{variant}"
         try:
@@ -176,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             failed.append(f"{ablation}/{variant}")
             continue
         estimates.append(estimate)
-        print(f"{label}: step {estimate.step:.3f} s, run {estimate.run_seconds:.0f} s", flush=True)
+        print(f"{label}: step {estimate.step:.3f} s (first +{estimate.first_step:.1f} s), "
+              f"run {estimate.run_seconds:.0f} s", flush=True)
         if args.json:
             with open(args.json, "a") as out:
                 out.write(json.dumps({**asdict(estimate), "run_seconds": estimate.run_seconds}) + "\n")

@@ -74,7 +74,8 @@ if TYPE_CHECKING:
 STDERR_TAIL_LINES = 60
 # Config fields that may differ between a checkpoint and a resumed attempt: they change how
 # fast a run goes, what it prints, or how its (same) directory is spelled, not what it computes.
-RESUME_IGNORED_FIELDS = ("threads", "progress", "output_dir")
+# ``compile_forward`` is one of them: compiled kernels round differently, as threads do.
+RESUME_IGNORED_FIELDS = ("threads", "compile_forward", "progress", "output_dir")
 # Config fields that may differ between two runs that compute the same thing (for reuse).
 # ``threads`` is not among them: reductions split over a different number of threads round
 # differently, and over many sampled steps that changes the run.
@@ -186,6 +187,16 @@ def plan_runs(ablation: "str | Ablation", seeds: int, steps: int | None, sweep_d
 
 
 # ---------------------------------------------------------------------------------- one run
+def sweep_config(config: PPOConfig, threads: int, compile_forward: bool = False) -> PPOConfig:
+    """A run's config as a sweep trains it: `threads` torch threads and, with
+    `compile_forward` (``run --compile``), PPOConfig.compile_forward for every run that uses
+    the lean forward it compiles (the others keep their module calls)."""
+    config = config.replace(threads=threads)
+    if compile_forward and config.lean_forward:
+        config = config.replace(compile_forward=True)
+    return config
+
+
 def config_fingerprint(config: PPOConfig, ignored: tuple[str, ...] = REUSE_IGNORED_FIELDS) -> str:
     """A canonical string of every config field but `ignored`: equal strings, same computation.
 
@@ -465,7 +476,7 @@ def _command_line() -> str:
 
 
 def _write_sweep_json(sweep_dir: Path, names: list[str], seeds: int, steps: int | None, workers: int | None,
-                      backend: dict) -> None:
+                      backend: dict, compile_forward: bool = False) -> None:
     """Record what was asked for; ablations accumulate so one dir can hold several sweeps."""
     path = sweep_dir / "sweep.json"
     previous = {}
@@ -481,6 +492,7 @@ def _write_sweep_json(sweep_dir: Path, names: list[str], seeds: int, steps: int 
         "seeds": seeds,
         "steps": steps,
         "workers": workers,
+        "compile_forward": compile_forward,
         "backend": backend,
         "started": datetime.now().isoformat(timespec="seconds"),
         "command": _command_line(),
@@ -505,12 +517,13 @@ def _failed_by_backend(spec: RunSpec, backend_name: str, error: BaseException) -
 def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path, seeds: int = 3,
               steps: int | None = None, workers: int | None = None, timeout: float | None = None,
               progress: bool = True, reuse: bool = True, backend: "Backend | None" = None,
-              threads: int | None = None) -> SweepResult:
+              threads: int | None = None, compile_forward: bool = False) -> SweepResult:
     """Run every variant x seed of the named ablations into `sweep_dir`; see the module doc.
 
     `backend` says where the runs execute (`ablations.backends`); the default is a local
     process pool of `workers` concurrent runs (default: one per CPU core); each run gets
-    `threads` torch threads (default: the backend's share). `timeout` seconds
+    `threads` torch threads (default: the backend's share); `compile_forward` compiles the
+    lean forward of every run (`sweep_config`). `timeout` seconds
     per run (None: no limit). Complete runs are skipped, failed ones retried; with `reuse`, a
     run identical to a complete one is copied instead of trained. All of this happens here,
     in the driver, the same for every backend: a backend only executes `attempt_run`.
@@ -536,9 +549,9 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
     sweep_dir = Path(sweep_dir).absolute()
     specs = [spec for ablation in ablations for spec in plan_runs(ablation, seeds, steps, sweep_dir)]
     for spec in specs:
-        spec.config = spec.config.replace(threads=threads)
+        spec.config = sweep_config(spec.config, threads, compile_forward)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    _write_sweep_json(sweep_dir, names, seeds, steps, workers, backend.describe())
+    _write_sweep_json(sweep_dir, names, seeds, steps, workers, backend.describe(), compile_forward)
 
     result = SweepResult(sweep_dir)
     pending = []

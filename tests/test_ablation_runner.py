@@ -17,6 +17,7 @@ import ablations.runner as runner
 from ablations.__main__ import main
 from ablations.registry import ABLATIONS, Ablation, Variant
 from ablations.runner import RunOutcome, plan_runs, run_sweep
+from ppo.config import PPOConfig
 
 # One GRPO step on the tiny model: a few seconds in a subprocess.
 TINY = dict(rollout_batch_size=8, group_size=4, response_length=8, total_steps=1, eval_size=4, eval_every=0)
@@ -87,6 +88,22 @@ def test_threads_can_be_set_for_a_shared_machine(tmp_path, fake_launch):
     assert written["threads"] == 1
     with pytest.raises(ValueError, match="threads"):
         run_sweep([tiny_ablation(tmp_path)], tmp_path / "other", seeds=1, workers=1, threads=0, progress=False)
+
+
+def test_compile_flag_compiles_every_lean_run_and_resumes_across_it(tmp_path, fake_launch):
+    sweep = tmp_path / "sweep"
+    run_sweep([tiny_ablation(tmp_path)], sweep, seeds=1, workers=1, threads=1, progress=False, compile_forward=True)
+    for variant in ("a", "b"):
+        written = yaml.safe_load((sweep / "toy" / variant / "seed1" / "requested_config.yaml").read_text())
+        assert written["compile_forward"] is True
+    assert json.loads((sweep / "sweep.json").read_text())["compile_forward"] is True
+    # A run without the lean forward keeps its module calls (compile_forward would be refused).
+    plain = PPOConfig(lean_forward=False)
+    assert runner.sweep_config(plain, 2, compile_forward=True).compile_forward is False
+    assert runner.sweep_config(PPOConfig(), 2).compile_forward is False
+    # A checkpoint written eagerly resumes under --compile: only the rounding differs.
+    assert "compile_forward" in runner.RESUME_IGNORED_FIELDS
+    assert "compile_forward" not in runner.REUSE_IGNORED_FIELDS
 
 
 def test_partial_run_is_cleared_or_resumed(tmp_path, fake_launch):
@@ -275,6 +292,8 @@ def test_run_command_sweeps_then_reports(tmp_path, capsys, monkeypatch):
     assert "| variant | accuracy |" in out
     assert str(Path("sweeps") / name / "report.md") in out and str(Path("sweeps") / name / "plots") in out
     assert main(["run", name, "--no-reuse"]) == 0 and calls["reuse"] is False
+    assert calls["compile_forward"] is False
+    assert main(["run", name, "--compile"]) == 0 and calls["compile_forward"] is True
 
 
 def test_report_command_needs_an_existing_directory(tmp_path, capsys):

@@ -39,6 +39,9 @@ def test_identical_runs_across_ablations_count_once():
     assert [(ablation, variant) for ablation, variant, _, _ in runs] == [
         ("first", "base"), ("first", "more_kl"), ("second", "no_kl")]
     assert all(count == 3 and config.threads == 1 and config.seed == 1 for _, _, config, count in runs)
+    assert not any(config.compile_forward for _, _, config, _ in runs)
+    compiled = estimate.distinct_runs([first, second], seeds=3, steps=None, threads=1, compile_forward=True)
+    assert all(config.compile_forward for _, _, config, _ in compiled)
 
 
 def test_a_timed_run_projects_its_own_formula(tiny_model_dir, tmp_path):
@@ -47,7 +50,9 @@ def test_a_timed_run_projects_its_own_formula(tiny_model_dir, tmp_path):
     result = estimate.time_run("a", "v", config, runs=2, timed_steps=2, startup=1.5)
     assert result.step > 0 and result.setup > 0 and result.eval > 0 and result.save > 0
     assert (result.evals, result.saves) == (4, 1)
-    assert result.run_seconds == pytest.approx(1.5 + result.setup + 30 * result.step + 4 * result.eval + result.save)
+    assert result.first_step >= 0
+    assert result.run_seconds == pytest.approx(1.5 + result.setup + result.first_step + 30 * result.step
+                                               + 4 * result.eval + result.save)
     assert result.seconds == pytest.approx(2 * result.run_seconds)
     assert not (tmp_path / "unused").exists()  # timed in a scratch directory
     table = estimate.format_table([result])

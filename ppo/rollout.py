@@ -32,7 +32,8 @@ import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from . import lean_forward
-from .policy import context_length, declared_stop_token_ids, encode_prompts, left_pad, truncate_prompt
+from .policy import (context_length, declared_stop_token_ids, encode_prompts, left_pad, scoring_mode,
+                     truncate_prompt)
 
 PROMPT_TRUNCATION_MODES = ("left", "right", "error")
 
@@ -184,15 +185,12 @@ def generate(
                                         greedy, top_k, top_p)
     generation_config.return_dict_in_generate = True
     generation_config.output_logits = return_logits
-    was_training = model.training
-    model.eval()
-    with _only_generation_config(model, generation_config):
+    with scoring_mode(model), _only_generation_config(model, generation_config):
         output = model.generate(
             input_ids=query_ids,
             attention_mask=query_mask,
             generation_config=generation_config,
         )
-    model.train(was_training)
     raw_response = output.sequences[:, query_ids.shape[1]:]  # [B, T<=max_new_tokens]
     response_ids, response_mask, has_eos = truncate_after_stop(raw_response, stop_token_ids, tokenizer.pad_token_id)
     logits = torch.stack(output.logits, dim=1) if return_logits else None  # [B, T, V]

@@ -19,7 +19,9 @@ cache, and draws each token with ``torch.multinomial`` on softmax(logits / T) fo
 row, the rule `generate` uses, so a seed gives the same samples (tested).
 `PPOConfig.compile_forward` hands the fixed-shape calls to torch.compile. Teacher-forced
 passes (`response_logits`, `response_scalars`) never run a sequence's last column (no
-output they return depends on it) and, with `PPOConfig.share_prompt_prefix`, run each
+output they return depends on it), run the last layer's queries and MLP only on the
+columns whose outputs are read (`_last_rows`: the response positions; the prompt's last
+position when prefilling the sampler) and, with `PPOConfig.share_prompt_prefix`, run each
 distinct prompt of the batch once (`SharedPrompts`): a GRPO batch repeats every prompt G
 times.
 
@@ -222,14 +224,25 @@ def _linear(layer, x):
     return F.linear(x, layer.weight, layer.bias)
 
 
-def _gpt2_hidden(backbone, input_ids, position_ids, bias, cache):
+def _last_rows(query, x, bias, keep_from: int):
+    """The last layer needs its queries, residual stream and mask rows only from column
+    `keep_from` on (the outputs the caller reads); keys and values of every column were
+    already computed and stored. Rows do not interact outside attention, so the kept rows
+    compute exactly what they would in the full layer."""
+    return query[:, :, keep_from:], x[:, keep_from:], bias[:, :, keep_from:]
+
+
+def _gpt2_hidden(backbone, input_ids, position_ids, bias, cache, keep_from=0):
     x = F.embedding(input_ids, backbone.wte.weight) + F.embedding(position_ids, backbone.wpe.weight)
+    last = len(backbone.h) - 1
     for index, block in enumerate(backbone.h):
         attn, mlp = block.attn, block.mlp
         query, key, value = _conv1d(attn.c_attn, _layer_norm(block.ln_1, x)).split(attn.split_size, dim=2)
         shape = (*query.shape[:-1], -1, attn.head_dim)
         query, key, value = (t.view(shape).transpose(1, 2) for t in (query, key, value))
         key, value = _store(cache, index, key, value)
+        if index == last and keep_from:
+            query, x, bias = _last_rows(query, x, bias, keep_from)
         out = _attend(query, key, value, bias, attn.scaling)
         x = x + _conv1d(attn.c_proj, out.reshape(*out.shape[:-2], -1))
         x = x + _conv1d(mlp.c_proj, _activation(mlp.act, _conv1d(mlp.c_fc, _layer_norm(block.ln_2, x))))
@@ -241,10 +254,11 @@ def _rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _llama_hidden(backbone, input_ids, position_ids, bias, cache):
+def _llama_hidden(backbone, input_ids, position_ids, bias, cache, keep_from=0):
     x = backbone.embed_tokens(input_ids)
     cos, sin = backbone.rotary_emb(x, position_ids)
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    last = len(backbone.layers) - 1
     for index, layer in enumerate(backbone.layers):
         attn = layer.self_attn
         h = _norm(layer.input_layernorm, x)
@@ -255,6 +269,8 @@ def _llama_hidden(backbone, input_ids, position_ids, bias, cache):
         query = query * cos + _rotate_half(query) * sin
         key = key * cos + _rotate_half(key) * sin
         key, value = _store(cache, index, key, value)
+        if index == last and keep_from:
+            query, x, bias = _last_rows(query, x, bias, keep_from)
         if attn.num_key_value_groups > 1:
             key = key.repeat_interleave(attn.num_key_value_groups, dim=1)
             value = value.repeat_interleave(attn.num_key_value_groups, dim=1)
@@ -266,10 +282,11 @@ def _llama_hidden(backbone, input_ids, position_ids, bias, cache):
     return _norm(backbone.norm, x)
 
 
-def hidden_states(backbone, input_ids, position_ids, key_mask, cache: KVCache | SharedPrompts | None = None
-                  ) -> torch.Tensor:
-    """Final hidden states ``[B, L, H]`` of `input_ids` (attending to `key_mask`'s real keys,
-    which covers the cached positions plus these)."""
+def hidden_states(backbone, input_ids, position_ids, key_mask, cache: KVCache | SharedPrompts | None = None,
+                  keep_from: int = 0) -> torch.Tensor:
+    """Final hidden states ``[B, L - keep_from, H]`` of `input_ids`, columns `keep_from`
+    onwards (attending to `key_mask`'s real keys, which covers the cached positions plus
+    these). The last layer runs only those columns' rows (`_last_rows`)."""
     dtype = backbone.get_input_embeddings().weight.dtype
     if torch.is_autocast_enabled(input_ids.device.type):
         dtype = torch.get_autocast_dtype(input_ids.device.type)
@@ -278,8 +295,10 @@ def hidden_states(backbone, input_ids, position_ids, key_mask, cache: KVCache | 
     # Compiled for whole sequences and static-cache sampling steps (fixed shapes); the
     # prompt's prefill into the cache runs eagerly.
     if (cache is None or getattr(cache, "slot", None) is not None) and backbone.__dict__.get(COMPILE_ATTRIBUTE):
-        run = _compiled(run)
-    out = run(backbone, input_ids, position_ids, bias, cache)
+        # one graph for every call: the whole sequence runs and the columns are cut after
+        out = _compiled(run)(backbone, input_ids, position_ids, bias, cache)[:, keep_from:]
+    else:
+        out = run(backbone, input_ids, position_ids, bias, cache, keep_from)
     if cache is not None:
         cache.length += input_ids.shape[1]
     return out
@@ -312,8 +331,8 @@ def _shared_prompt_hidden(backbone, input_ids, attention_mask, position_ids, que
     first, rows = distinct
     shared = SharedPrompts(rows=rows)
     prompt_hidden = hidden_states(backbone, input_ids[first, :query_length], position_ids[first, :query_length],
-                                  attention_mask[first, :query_length], shared)  # [U, Q, H]
-    last_prompt = prompt_hidden[rows, -1:]  # [B, 1, H]: predicts the first response token
+                                  attention_mask[first, :query_length], shared, keep_from=query_length - 1)  # [U, 1, H]
+    last_prompt = prompt_hidden[rows]  # [B, 1, H]: predicts the first response token
     if input_ids.shape[1] == query_length:
         return last_prompt
     shared.recording = False
@@ -332,7 +351,7 @@ def response_hidden(backbone, input_ids, attention_mask, position_ids, query_len
         hidden = _shared_prompt_hidden(backbone, input_ids, attention_mask, position_ids, query_length)
         if hidden is not None:
             return hidden
-    return hidden_states(backbone, input_ids, position_ids, attention_mask)[:, query_length - 1:]
+    return hidden_states(backbone, input_ids, position_ids, attention_mask, keep_from=query_length - 1)
 
 
 def response_logits(model, input_ids, attention_mask, position_ids, query_length: int) -> torch.Tensor:
@@ -361,13 +380,14 @@ def _prefill(backbone, query_ids, query_mask, positions, cache: KVCache) -> torc
     prompt G times), its keys, values and last hidden state copied to its rows. Rows of a
     batch do not interact, so this is the same arithmetic as the full batch."""
     found = distinct_prompts(query_ids, query_mask)
+    last = query_ids.shape[1] - 1  # only the last position's output is read (the first token's logits)
     if found is None:
-        return hidden_states(backbone, query_ids, positions, query_mask, cache)
+        return hidden_states(backbone, query_ids, positions, query_mask, cache, keep_from=last)
     first, inverse = found
     width = query_ids.shape[1]
     distinct = KVCache(keys=[k.new_zeros(len(first), k.shape[1], width, k.shape[3]) for k in cache.keys],
                        values=[v.new_zeros(len(first), v.shape[1], width, v.shape[3]) for v in cache.values])
-    hidden = hidden_states(backbone, query_ids[first], positions[first], query_mask[first], distinct)
+    hidden = hidden_states(backbone, query_ids[first], positions[first], query_mask[first], distinct, keep_from=last)
     for layer in range(len(cache.keys)):
         cache.keys[layer][:, :, :width] = distinct.keys[layer][inverse]
         cache.values[layer][:, :, :width] = distinct.values[layer][inverse]

@@ -60,19 +60,64 @@ def _raw(optimizer):
     return optimizer
 
 
-def clip_grad_norms(accelerator, optimizers: list, parameter_groups: list[list[torch.nn.Parameter]],
-                    max_norm: float) -> list[float]:
-    """Unscale fp16 gradients once, then clip each parameter group on its own L2 norm.
+def grad_norm(parameters: list[torch.nn.Parameter]) -> float:
+    """L2 norm of all gradients of `parameters` together (parameters without one skipped),
+    in float32 (half-precision squares overflow)."""
+    grads = [p.grad.detach() for p in parameters if p.grad is not None]
+    return float(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).norm()) if grads else 0.0
 
-    Returns each group's norm before clipping. Without a loss scaler this is accelerate's
-    own ``clip_grad_norm_`` per group (which also knows FSDP and DeepSpeed).
+
+def clip_grad_norms(accelerator, optimizers: list, parameter_groups: list[list[torch.nn.Parameter]],
+                    max_norm: float, joint: bool = False) -> list[float]:
+    """Unscale fp16 gradients once, then clip each parameter group on its own L2 norm, or
+    (`joint`: one optimizer over policy and critic, AlpacaFarm's layout) all groups together
+    on their joint norm, as one ``clip_grad_norm_`` call over their concatenation would.
+
+    Returns each group's norm before clipping. Float32 gradients of one device, unsharded
+    (one process or DDP, whose gradients are already averaged), take `_clip_local`: one
+    pass of per-tensor norms serves every group's norm and the joint one. Otherwise each
+    call is accelerate's own ``clip_grad_norm_`` (which also knows FSDP and DeepSpeed).
     """
     scaler = getattr(accelerator, "scaler", None)
-    if scaler is None:
-        return [float(accelerator.clip_grad_norm_(group, max_norm)) for group in parameter_groups]
-    for optimizer in optimizers:
-        scaler.unscale_(_raw(optimizer))
-    return [float(torch.nn.utils.clip_grad_norm_(group, max_norm)) for group in parameter_groups]
+    if scaler is not None:
+        for optimizer in optimizers:
+            scaler.unscale_(_raw(optimizer))
+    grads = [[p.grad for p in group if p.grad is not None] for group in parameter_groups]
+    if _local_float32(accelerator, [g for group in grads for g in group]):
+        return _clip_local(grads, max_norm, joint)
+    clip = accelerator.clip_grad_norm_ if scaler is None else torch.nn.utils.clip_grad_norm_
+    if not joint:
+        return [float(clip(group, max_norm)) for group in parameter_groups]
+    total = float(clip([p for group in parameter_groups for p in group], max_norm))
+    scale = min(1.0, max_norm / (total + 1e-6))  # what clipping multiplied every gradient by
+    return [grad_norm(group) / scale for group in parameter_groups]
+
+
+def _local_float32(accelerator, grads: list[torch.Tensor]) -> bool:
+    from accelerate.utils import DistributedType
+
+    sharded = accelerator.distributed_type in (DistributedType.FSDP, DistributedType.DEEPSPEED, DistributedType.XLA)
+    return (not sharded and bool(grads) and all(type(g) is torch.Tensor for g in grads)
+            and len({(g.device, g.dtype) for g in grads}) == 1 and grads[0].dtype == torch.float32)
+
+
+def _clip_local(grads: list[list[torch.Tensor]], max_norm: float, joint: bool) -> list[float]:
+    """`clip_grad_norm_`'s arithmetic (norm of the per-tensor norms; gradients times
+    min(1, max_norm / (norm + 1e-6))) from one ``_foreach_norm`` over every group, the
+    multiply skipped where that factor is 1 (a multiply by 1.0 changes nothing)."""
+    per_tensor = torch._foreach_norm([g for group in grads for g in group], 2)
+    bounds = [0]
+    for group in grads:
+        bounds.append(bounds[-1] + len(group))
+    norms = [torch.linalg.vector_norm(torch.stack(per_tensor[a:b]), 2) if b > a else torch.zeros(())
+             for a, b in zip(bounds, bounds[1:])]
+    clipped = [(torch.linalg.vector_norm(torch.stack(per_tensor), 2), [g for group in grads for g in group])] if joint \
+        else list(zip(norms, grads))
+    for total, group in clipped:
+        coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
+        if group and float(coef) < 1.0:
+            torch._foreach_mul_(group, coef)
+    return [float(n) for n in norms]
 
 
 def step_optimizers(accelerator, optimizers: list) -> None:

@@ -73,12 +73,6 @@ def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum() / mask.sum().clamp(min=1))
 
 
-def _grad_norm(parameters: list[torch.nn.Parameter]) -> float:
-    """L2 norm of all gradients of `parameters` together (parameters without one skipped)."""
-    grads = [p.grad.detach() for p in parameters if p.grad is not None]
-    return float(torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float32)).norm()) if grads else 0.0
-
-
 def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
     """Parameters the optimizer updates (LoRA freezes the base weights: no Adam state for them)."""
     return [p for p in model.parameters() if p.requires_grad]
@@ -663,11 +657,9 @@ class RLTrainer:
         metrics = {}
         optimizers = [o for o in (self.policy_optimizer, self.value_optimizer) if o is not None]
         if value_params and self.value_optimizer is None:  # one optimizer: one joint norm (AlpacaFarm)
-            [joint] = clip_grad_norms(self.accelerator, optimizers, [policy_params + value_params], max_norm)
-            scale = _clip_scale(max_norm, joint)
-            # Clipping scaled both models by the same factor: undo it to report the norms before.
-            metrics["policy_grad_norm"] = _grad_norm(policy_params) / scale
-            metrics["value_grad_norm"] = _grad_norm(value_params) / scale
+            metrics["policy_grad_norm"], metrics["value_grad_norm"] = clip_grad_norms(
+                self.accelerator, optimizers, [policy_params, value_params], max_norm, joint=True)
+            scale = _clip_scale(max_norm, math.hypot(metrics["policy_grad_norm"], metrics["value_grad_norm"]))
         else:  # each model clipped on its own norm; fp16 gradients unscaled once for both
             norms = clip_grad_norms(self.accelerator, optimizers, [policy_params] + ([value_params] if value_params else []),
                                     max_norm)

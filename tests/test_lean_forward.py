@@ -66,9 +66,9 @@ def test_finished_rows_leave_the_cache_without_changing_any_sample(char_tokenize
     stops = char_tokenizer.convert_tokens_to_ids(list("0123+="))
     batch_sizes, hidden_states = [], lean_forward.hidden_states
 
-    def recorded(backbone, input_ids, *rest):
+    def recorded(backbone, input_ids, *rest, **options):
         batch_sizes.append(input_ids.shape[0])
-        return hidden_states(backbone, input_ids, *rest)
+        return hidden_states(backbone, input_ids, *rest, **options)
 
     for temperature, greedy in ((1.0, False), (0.7, False), (1.0, True)):
         torch.manual_seed(11)
@@ -84,6 +84,37 @@ def test_finished_rows_leave_the_cache_without_changing_any_sample(char_tokenize
         mask = expected.response_mask.bool()
         torch.testing.assert_close(got.generation_logits[mask], expected.generation_logits[mask], atol=1e-5, rtol=1e-5)
     assert min(batch_sizes) < len(PROMPTS)  # rows really left the cache
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_last_layer_runs_only_the_rows_that_are_read(char_tokenizer, arch, monkeypatch):
+    """`hidden_states(..., keep_from=k)`: the last layer's queries, attention output and
+    MLP run on columns k.. only (keys and values on all), with the outputs and gradients
+    of the full pass at those columns."""
+    model = tiny(arch, char_tokenizer)
+    backbone = model.base_model
+    ids = torch.randint(3, 15, (5, 9))
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0  # left padding
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    rows, activation = [], lean_forward._activation
+
+    def recorded(act, x):
+        rows.append(x.shape[1])
+        return activation(act, x)
+
+    monkeypatch.setattr(lean_forward, "_activation", recorded)
+    full = lean_forward.hidden_states(backbone, ids, positions, mask)
+    (full[:, 6:] ** 2).sum().backward()
+    full_grads = [p.grad.clone() for p in backbone.parameters()]
+    model.zero_grad()
+    rows.clear()
+    kept = lean_forward.hidden_states(backbone, ids, positions, mask, keep_from=6)
+    (kept ** 2).sum().backward()
+    assert rows == [9, 3]  # the first layer's MLP on all 9 columns, the last one's on 3
+    torch.testing.assert_close(kept, full[:, 6:], atol=1e-6, rtol=1e-6)
+    for p, want in zip(backbone.parameters(), full_grads):
+        torch.testing.assert_close(p.grad, want, atol=1e-4 * want.abs().max().item(), rtol=1e-5)  # sums regrouped
 
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
@@ -201,9 +232,9 @@ def test_each_distinct_prompt_runs_once_with_the_same_results(char_tokenizer, ar
     lean_forward.enable(per_row, share_prompts=False)
     prompt_rows, hidden_states = [], lean_forward.hidden_states
 
-    def recorded(backbone, input_ids, *rest):
+    def recorded(backbone, input_ids, *rest, **options):
         prompt_rows.append(input_ids.shape)
-        return hidden_states(backbone, input_ids, *rest)
+        return hidden_states(backbone, input_ids, *rest, **options)
 
     monkeypatch.setattr(lean_forward, "hidden_states", recorded)
     lp_shared, ent_shared = response_logprobs(shared, *args, with_entropy=True)

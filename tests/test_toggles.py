@@ -3,6 +3,8 @@
 Small runs on a tiny random model; the math toggles are tested in their own modules.
 """
 
+import math
+
 import pytest
 import torch
 
@@ -76,13 +78,48 @@ def test_gradient_norms_and_clip_scale(tmp_path, tiny_model_dir, separate, max_g
 
 
 def test_joint_gradient_norm_by_hand_and_without_half_precision_overflow():
-    from ppo.trainer import _grad_norm
+    from ppo.precision import grad_norm
     a, b, c = (torch.nn.Parameter(torch.zeros(n)) for n in (2, 3, 1))
     a.grad, b.grad = torch.tensor([3.0, 0.0]), torch.tensor([0.0, 4.0, 12.0])  # c has none: skipped
-    assert _grad_norm([a, b, c]) == pytest.approx(13.0)
+    assert grad_norm([a, b, c]) == pytest.approx(13.0)
     half = torch.nn.Parameter(torch.zeros(2, dtype=torch.float16))
     half.grad = torch.full((2,), 60000.0, dtype=torch.float16)  # each fits fp16, the norm does not
-    assert _grad_norm([half]) == pytest.approx(60000.0 * 2 ** 0.5, rel=1e-4)
+    assert grad_norm([half]) == pytest.approx(60000.0 * 2 ** 0.5, rel=1e-4)
+
+
+@pytest.mark.parametrize("joint", [True, False])
+@pytest.mark.parametrize("max_norm", [0.5, 1e9, math.inf])
+def test_one_norm_pass_clips_exactly_as_clip_grad_norm(joint, max_norm):
+    """`clip_grad_norms`' local path (one ``_foreach_norm`` for every group's norm and the
+    joint one, no multiply by 1) leaves bitwise the gradients ``clip_grad_norm_`` leaves,
+    and reports the same norms as accelerate's path (bf16 gradients take that one)."""
+    from accelerate import Accelerator
+    from ppo.precision import clip_grad_norms, grad_norm
+
+    def groups(dtype=torch.float32):
+        torch.manual_seed(0)
+        made = [[torch.nn.Parameter(torch.zeros(n, dtype=dtype)) for n in (300, 7, 64)] for _ in range(2)]
+        for group in made:
+            for p in group:
+                p.grad = torch.randn(p.shape).to(dtype) * 0.1
+        made[1].append(torch.nn.Parameter(torch.zeros(3)))  # no gradient: skipped
+        return made
+
+    accelerator = Accelerator(cpu=True)
+    local, expected = groups(), groups()
+    before = [grad_norm(group) for group in local]
+    norms = clip_grad_norms(accelerator, [], local, max_norm, joint=joint)
+    for group in (expected if not joint else [[p for group in expected for p in group]]):
+        torch.nn.utils.clip_grad_norm_(group, max_norm)
+    for got, want in zip(local, expected):
+        for p, q in zip(got, want):
+            assert (p.grad is None and q.grad is None) or torch.equal(p.grad, q.grad)
+    assert norms == pytest.approx(before, rel=1e-6)
+    clipped = max_norm < math.hypot(*before) if joint else max_norm < max(before)
+    assert clipped == (max_norm == 0.5)  # the case that must multiply, and two that must not
+    half = groups(torch.bfloat16)
+    half_before = [grad_norm(group) for group in half]
+    assert clip_grad_norms(accelerator, [], half, max_norm, joint=joint) == pytest.approx(half_before, rel=2e-2)
 
 
 def test_no_value_model_for_group_estimators(tmp_path, tiny_model_dir):

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from ppo.config import PPOConfig, preset
+from ppo.config import PPOConfig
 from ppo.trainer import RLTrainer
 
 TINY = dict(rollout_batch_size=8, response_length=10, eval_size=4, eval_every=0, total_steps=2, save_every=0,

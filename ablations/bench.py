@@ -6,10 +6,11 @@ throughput this machine reaches, both measured in the same run:
 - FLOPs are counted by `torch.utils.flop_counter.FlopCounterMode` on the step's own batch
   with **real tokens only**: the rows are grouped by their real length (prompt + response,
   no padding) and each group runs as one unpadded batch; a prompt the batch repeats (GRPO's
-  G samples per prompt) is counted once, since its positions need computing once
-  (`sequence_flops`). The passes counted are the ones no
-  loop can skip: generation (one forward pass over every real token; a KV-cached sampler
-  does exactly that arithmetic), the reference forward (when beta > 0), the old critic's
+  G samples per prompt) is counted once, since its positions need computing once; each
+  row's last token is not run (no output a step uses depends on it), and the last layer
+  runs its queries and MLP only where outputs are read (`sequence_flops`). The passes
+  counted are the ones no loop can skip: generation (one forward pass over those tokens;
+  a KV-cached sampler does exactly that arithmetic), the reference forward (when beta > 0), the old critic's
   forward (PPO with more than one optimizer step per batch: nothing else gives the old
   values), and forward + backward of policy and critic once per epoch. Old log-probs are
   not counted: the generation logits give them. Elementwise work (norms, activations,
@@ -38,6 +39,7 @@ from collections import defaultdict
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from ppo import lean_forward
 from ppo.config import preset
 from ppo.logprobs import response_logprobs, response_values
 
@@ -81,16 +83,28 @@ def _count(fn) -> int:
     return counter.get_total_flops()
 
 
-def model_flops(model, groups: list[torch.Tensor], backward: bool) -> int:
-    """FLOPs of `model` over the unpadded groups, forward only or forward + backward."""
+def model_flops(model, groups: list[torch.Tensor], backward: bool, keep_from: list[int] | None = None) -> int:
+    """FLOPs of `model` over the unpadded groups, forward only or forward + backward.
+
+    With `keep_from` (one column per group) and a model on the lean path, the pass is the
+    one the training loop runs: outputs from that column on only, so the last layer runs
+    only those rows' queries and MLP (`ppo.lean_forward._last_rows`) and the head only
+    those columns, its attention as the two matrix products it is. Other models are counted
+    through their module call, every column (their fused CPU attention kernel is not
+    counted: the counter has no formula for it)."""
     total = 0
-    for ids in groups:
+    backbone = lean_forward.lean_backbone(model)
+    for index, ids in enumerate(groups):
         mask = torch.ones_like(ids)
         positions = torch.arange(ids.shape[1], device=ids.device).expand_as(ids)
 
         def run():
-            out = model(input_ids=ids, attention_mask=mask, position_ids=positions)
-            out = out.logits if hasattr(out, "logits") else out
+            if backbone is not None and keep_from is not None:
+                hidden = lean_forward.hidden_states(backbone, ids, positions, mask, keep_from=keep_from[index])
+                out = model.lm_head(hidden) if hasattr(model, "lm_head") else model.head(hidden)
+            else:
+                out = model(input_ids=ids, attention_mask=mask, position_ids=positions)
+                out = out.logits if hasattr(out, "logits") else out
             if backward:
                 out.float().sum().backward()
 
@@ -103,19 +117,33 @@ def model_flops(model, groups: list[torch.Tensor], backward: bool) -> int:
     return total
 
 
+def _counted(model, sequences: list[tuple[torch.Tensor, int]], backward: bool) -> int:
+    """`model_flops` over (ids, prompt length) pairs, grouped by both lengths; outputs are
+    needed from the prompt's last position on (it predicts the first response token)."""
+    groups = defaultdict(list)
+    for ids, prompt_length in sequences:
+        groups[(len(ids), prompt_length)].append(ids)
+    keys = sorted(groups)
+    return model_flops(model, [torch.stack(groups[key]) for key in keys], backward,
+                       keep_from=[prompt_length - 1 for _, prompt_length in keys])
+
+
 def sequence_flops(model, rollout, backward: bool) -> int:
-    """FLOPs of `model` over the rollout's real tokens with each *distinct* prompt counted once:
-    a batch that repeats a prompt (GRPO's G samples) needs its prompt positions once, which
-    both the sampler (`ppo.lean_forward._prefill`) and the scoring passes
-    (`PPOConfig.share_prompt_prefix`) exploit. Counted as full sequences, minus every row's
-    prompt, plus each distinct prompt once."""
+    """FLOPs of `model` over the rollout's real tokens, each row without its last token (no
+    output a step uses depends on it: nothing is sampled after it, and by causality no
+    earlier output sees it), each *distinct* prompt counted once (a batch that repeats a
+    prompt, GRPO's G samples, needs its positions once, which the sampler
+    (`ppo.lean_forward._prefill`) and the scoring passes (`PPOConfig.share_prompt_prefix`)
+    both exploit), and on the lean path the last layer's prompt rows only as keys and
+    values. Counted as full sequences, minus every row's prompt, plus each distinct prompt
+    once."""
     pairs = real_sequences(rollout)
-    full = model_flops(model, length_groups([torch.cat(pair) for pair in pairs]), backward)
+    full = _counted(model, [(torch.cat(pair)[:-1], len(pair[0])) for pair in pairs], backward)
     distinct = {tuple(prompt.tolist()): prompt for prompt, _ in pairs}
     if len(distinct) == len(pairs):
         return full
-    every_prompt = model_flops(model, length_groups([prompt for prompt, _ in pairs]), backward)
-    return full - every_prompt + model_flops(model, length_groups(list(distinct.values())), backward)
+    every_prompt = _counted(model, [(prompt, len(prompt)) for prompt, _ in pairs], backward)
+    return full - every_prompt + _counted(model, [(prompt, len(prompt)) for prompt in distinct.values()], backward)
 
 
 def floor_flops(trainer, rollout) -> dict[str, int]:
@@ -123,8 +151,7 @@ def floor_flops(trainer, rollout) -> dict[str, int]:
     cfg = trainer.config
     policy = trainer.accelerator.unwrap_model(trainer.policy)
     critic = trainer.accelerator.unwrap_model(trainer.value_model) if trainer.value_model is not None else None
-    # Generation scores every real token once; the last token's logits are never needed, a
-    # difference of one token per row that this lower bound ignores.
+    # Generation runs every real token but the last once (the same count as a scoring pass).
     policy_forward = sequence_flops(policy, rollout, backward=False)
     flops = {"generate": policy_forward}
     if trainer.ref_policy is not None:

@@ -48,16 +48,38 @@ def test_flops_are_counted_on_real_tokens_forward_and_backward():
 
 def test_a_repeated_prompt_is_counted_once():
     """A prompt the batch repeats is counted once; a batch of distinct prompts counts every
-    real token (`_rollout`'s 14)."""
+    real token but each row's last (`_rollout`'s 14 real tokens, 3 rows: 11)."""
     model = LinearLM(vocab=7, hidden=5)
     rollout = _rollout()
     repeated = Rollout(torch.tensor([[0, 4, 5], [4, 5, 6], [0, 4, 5]]), torch.tensor([[0, 1, 1], [1, 1, 1], [0, 1, 1]]),
                        rollout.response_ids, rollout.response_mask, rollout.has_eos)
     per_token = 2 * 5 * 7
-    assert sequence_flops(model, rollout, backward=False) == 14 * per_token  # no prompt repeats
-    # rows: 2 + 3, 3 + 1, 2 + 4 real tokens = 15; the shared prompt once: 15 - 2 = 13
-    assert sequence_flops(model, repeated, backward=False) == 13 * per_token
-    assert sequence_flops(model, repeated, backward=True) == 3 * 13 * per_token
+    assert sequence_flops(model, rollout, backward=False) == 11 * per_token  # no prompt repeats
+    # rows: 2 + 3, 3 + 1, 2 + 4 real tokens = 15, 12 without each last; the shared prompt
+    # [4, 5] once: 12 - 2 = 10
+    assert sequence_flops(model, repeated, backward=False) == 10 * per_token
+    assert sequence_flops(model, repeated, backward=True) == 3 * 10 * per_token
+
+
+def test_the_last_layer_counts_only_the_rows_that_are_read(char_tokenizer):
+    """On the lean path the floor counts the last layer's prompt rows as keys and values
+    only: per dropped row, the attention products (4 H L), the attention output projection
+    (2 H^2), the MLP (4 H I) and the head (2 H V) are not counted."""
+    from ppo import lean_forward
+    from ppo.tiny_model import TinyModelConfig, build_tiny_model
+
+    torch.manual_seed(0)
+    H, I, rows, length, keep = 32, 64, 3, 9, 6
+    model = build_tiny_model(TinyModelConfig(arch="gpt2", hidden_size=H, num_layers=2, num_heads=2,
+                                             intermediate_size=I), char_tokenizer).eval()
+    V = model.lm_head.out_features
+    ids = torch.randint(3, 15, (rows, length))
+    module_call = model_flops(model, [ids], backward=False)
+    assert model_flops(model, [ids], backward=False, keep_from=[keep]) == module_call  # not on the lean path
+    assert lean_forward.enable(model) == []
+    full = model_flops(model, [ids], backward=False, keep_from=[0])  # every row of every layer
+    trimmed = model_flops(model, [ids], backward=False, keep_from=[keep])
+    assert full - trimmed == rows * keep * (4 * H * length + 2 * H * H + 4 * H * I + 2 * H * V)
 
 
 def test_floor_counts_only_unavoidable_passes(tmp_path, tiny_model_dir):

@@ -20,10 +20,14 @@ Implementation details that live here:
   after the first one, which resets the scaler's record and makes the second step divide
   the critic's gradients by the scale again. Here each optimizer is unscaled once, each
   group clipped on its own norm, every optimizer stepped, then the scaler updated once
-  (the multi-optimizer recipe of the torch AMP docs).
+  (the multi-optimizer recipe of the torch AMP docs). An overflow (inf gradients) is the
+  scaler's to handle, by skipping that step and lowering its scale, so under loss scaling
+  the non-finite guard checks the loss only (`loss_scaling`).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -60,6 +64,12 @@ def _raw(optimizer):
     return optimizer
 
 
+def loss_scaling(accelerator) -> bool:
+    """Whether fp16 loss scaling is on: then a non-finite gradient is an overflow that
+    ``scaler.step`` answers by skipping the step and lowering the scale, not an error."""
+    return getattr(accelerator, "scaler", None) is not None
+
+
 def grad_norm(parameters: list[torch.nn.Parameter]) -> float:
     """L2 norm of all gradients of `parameters` together (parameters without one skipped),
     in float32 (half-precision squares overflow)."""
@@ -90,7 +100,7 @@ def clip_grad_norms(accelerator, optimizers: list, parameter_groups: list[list[t
         return [float(clip(group, max_norm)) for group in parameter_groups]
     total = float(clip([p for group in parameter_groups for p in group], max_norm))
     scale = min(1.0, max_norm / (total + 1e-6))  # what clipping multiplied every gradient by
-    return [grad_norm(group) / scale for group in parameter_groups]
+    return [grad_norm(group) / scale if scale > 0 else math.inf for group in parameter_groups]
 
 
 def _local_float32(accelerator, grads: list[torch.Tensor]) -> bool:

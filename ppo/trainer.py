@@ -49,7 +49,8 @@ from .losses import entropy_loss, explained_variance, kl_loss, policy_loss, toke
 from .lora import AdapterDisabledReference, apply_lora
 from .policy import (declared_stop_token_ids, disable_dropout, enable_gradient_checkpointing, load_policy,
                      resolve_max_prompt_length, scoring_mode, set_training)
-from .precision import cast_master_weights, clip_grad_norms, master_dtype, prepare_frozen, step_optimizers
+from .precision import (cast_master_weights, clip_grad_norms, loss_scaling, master_dtype, prepare_frozen,
+                        step_optimizers)
 from .rewards import (apply_missing_eos, clip_scores, format_reward, group_kimi_length_reward, length_reward_weight,
                       shape_rewards, whiten_rewards, whitening_gae_mask)
 from .rollout import Rollout, decode_responses, generate
@@ -668,8 +669,10 @@ class RLTrainer:
             if value_params:
                 metrics["value_grad_norm"] = norms[1]
         metrics["policy_grad_scale"] = scale
-        # Before the step: a NaN loss or gradient would make every weight NaN.
-        checked = {k: v for k, v in metrics.items() if k.endswith("grad_norm")}
+        # Before the step: a NaN loss or gradient would make every weight NaN. With fp16 loss
+        # scaling a non-finite gradient is an overflow the scaler answers (it skips this step
+        # and lowers its scale), so there only the loss is checked.
+        checked = {} if loss_scaling(self.accelerator) else {k: v for k, v in metrics.items() if k.endswith("grad_norm")}
         guards.check_update(checked if loss is None else {"loss": loss, **checked}, self.step + 1)
         step_optimizers(self.accelerator, optimizers)
         guards.check_parameters(policy_params + value_params, self.step + 1)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -54,7 +56,7 @@ def test_bf16_reference_runs_under_the_policys_autocast(tmp_path, tiny_model_dir
     assert not torch.equal(autocast_logits, fp32_logits)
 
 
-def _simulated_fp16(monkeypatch):
+def _simulated_fp16(monkeypatch, init_scale=2.0**12):
     """accelerate accepts fp16 on CPU but silently turns it off (no scaler, no autocast).
     Turn both on, as on a GPU: CPU fp16 autocast and a real `GradScaler`."""
     import accelerate
@@ -65,7 +67,7 @@ def _simulated_fp16(monkeypatch):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             self.native_amp = True
-            self.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+            self.scaler = torch.amp.GradScaler("cpu", init_scale=init_scale)
 
     monkeypatch.setattr(accelerate, "Accelerator", FP16OnCPU)
 
@@ -110,6 +112,34 @@ def test_fp16_with_separate_value_optimizer_matches_fp32(tmp_path, tiny_model_di
         assert cosine > 0.99, float(cosine)
         # unscaled once: same magnitude as fp32 (twice would be 4096x smaller)
         assert fp16_grad.norm() == pytest.approx(float(fp32_grad.norm()), rel=0.05)
+
+
+def test_fp16_overflow_skips_the_step_and_the_run_goes_on(tmp_path, tiny_model_dir, fresh_accelerate_state,
+                                                           monkeypatch):
+    """With fp16 loss scaling a non-finite gradient is an overflow the scaler handles: it
+    skips the optimizer step and lowers its scale. The non-finite guard must not stop the
+    run there (a non-finite loss still does: tests/test_reliability.py)."""
+    _simulated_fp16(monkeypatch, init_scale=2.0**40)  # far too large: fp16 gradients overflow
+    trainer = run(tmp_path, tiny_model_dir, lr=1e-3, mixed_precision="fp16", lr_schedule="constant", total_steps=60)
+    optimizer = trainer.policy_optimizer
+    while hasattr(optimizer, "optimizer"):
+        optimizer = optimizer.optimizer
+    before = [p.detach().clone() for p in trainer.policy.parameters()]
+    metrics = trainer.train_step()
+    assert not math.isfinite(metrics["policy_grad_norm"])
+    assert trainer.accelerator.scaler.get_scale() < 2.0**40  # the scaler saw the overflow
+    # the step was skipped: AdamW counted no step and its moments are still zero
+    assert all(float(state["step"]) == 0 and not state["exp_avg"].any() for state in optimizer.state.values())
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))
+
+    def moved():
+        return any(not torch.equal(a, b) for a, b in zip(before, trainer.policy.parameters()))
+
+    for _ in range(40):  # the scale halves on every overflow until the gradients fit
+        trainer.train_step()
+        if moved():
+            break
+    assert moved() and trainer.accelerator.scaler.get_scale() > 1.0
 
 
 def test_bf16_checkpoint_trains_with_fp32_master_weights(tmp_path, tiny_model_dir):

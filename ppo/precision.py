@@ -115,14 +115,16 @@ def _clip_local(grads: list[list[torch.Tensor]], max_norm: float, joint: bool) -
     """`clip_grad_norm_`'s arithmetic (norm of the per-tensor norms; gradients times
     min(1, max_norm / (norm + 1e-6))) from one ``_foreach_norm`` over every group, the
     multiply skipped where that factor is 1 (a multiply by 1.0 changes nothing)."""
-    per_tensor = torch._foreach_norm([g for group in grads for g in group], 2)
-    bounds = [0]
-    for group in grads:
-        bounds.append(bounds[-1] + len(group))
-    norms = [torch.linalg.vector_norm(torch.stack(per_tensor[a:b]), 2) if b > a else torch.zeros(())
-             for a, b in zip(bounds, bounds[1:])]
-    clipped = [(torch.linalg.vector_norm(torch.stack(per_tensor), 2), [g for group in grads for g in group])] if joint \
-        else list(zip(norms, grads))
+    flat = [g for group in grads for g in group]
+    per_tensor = torch._foreach_norm(flat, 2)
+    sizes = [len(group) for group in grads]
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    norms = [torch.linalg.vector_norm(torch.stack(per_tensor[start:start + size]), 2) if size else torch.zeros(())
+             for start, size in zip(starts, sizes)]
+    if joint:  # one clip over the concatenation: the norm of every per-tensor norm
+        clipped = [(torch.linalg.vector_norm(torch.stack(per_tensor), 2), flat)]
+    else:
+        clipped = list(zip(norms, grads))
     for total, group in clipped:
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         if group and float(coef) < 1.0:

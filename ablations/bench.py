@@ -62,18 +62,14 @@ def real_sequences(rollout) -> list[tuple[torch.Tensor, torch.Tensor]]:
             in zip(rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.response_mask)]
 
 
-def length_groups(sequences: list[torch.Tensor]) -> list[torch.Tensor]:
-    """`sequences` stacked into ``[n, length]`` tensors, one per distinct length."""
+def length_groups(sequences: list[tuple[torch.Tensor, int]]) -> tuple[list[torch.Tensor], list[int]]:
+    """(ids, prompt length) pairs stacked into ``[n, length]`` tensors, one per distinct
+    (length, prompt length), and each group's prompt length."""
     groups = defaultdict(list)
-    for sequence in sequences:
-        groups[len(sequence)].append(sequence)
-    return [torch.stack(rows) for _, rows in sorted(groups.items())]
-
-
-def real_token_groups(rollout) -> list[torch.Tensor]:
-    """The rollout's sequences without padding, as ``[n, length]`` id tensors, one per distinct
-    real length (prompt tokens + response tokens up to and including the stop token)."""
-    return length_groups([torch.cat(pair) for pair in real_sequences(rollout)])
+    for ids, prompt_length in sequences:
+        groups[(len(ids), prompt_length)].append(ids)
+    keys = sorted(groups)
+    return [torch.stack(groups[key]) for key in keys], [prompt_length for _, prompt_length in keys]
 
 
 def _count(fn) -> int:
@@ -118,14 +114,10 @@ def model_flops(model, groups: list[torch.Tensor], backward: bool, keep_from: li
 
 
 def _counted(model, sequences: list[tuple[torch.Tensor, int]], backward: bool) -> int:
-    """`model_flops` over (ids, prompt length) pairs, grouped by both lengths; outputs are
-    needed from the prompt's last position on (it predicts the first response token)."""
-    groups = defaultdict(list)
-    for ids, prompt_length in sequences:
-        groups[(len(ids), prompt_length)].append(ids)
-    keys = sorted(groups)
-    return model_flops(model, [torch.stack(groups[key]) for key in keys], backward,
-                       keep_from=[prompt_length - 1 for _, prompt_length in keys])
+    """`model_flops` over (ids, prompt length) pairs; outputs are needed from the prompt's
+    last position on (it predicts the first response token)."""
+    groups, prompt_lengths = length_groups(sequences)
+    return model_flops(model, groups, backward, keep_from=[length - 1 for length in prompt_lengths])
 
 
 def sequence_flops(model, rollout, backward: bool) -> int:

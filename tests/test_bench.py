@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import torch
 
-from ablations.bench import (calls_alone, floor_flops, format_bench, matmul_throughput, model_flops, real_token_groups,
-                             sequence_flops)
+from ablations.bench import (calls_alone, floor_flops, format_bench, length_groups, matmul_throughput, model_flops,
+                             real_sequences, sequence_flops)
 from ppo.config import PPOConfig
 from ppo.rollout import Rollout
 from ppo.trainer import RLTrainer
@@ -32,14 +32,20 @@ def _rollout():
     return Rollout(query_ids, query_mask, response_ids, response_mask, torch.tensor([True, True, False]))
 
 
+def _real_token_groups(rollout):
+    return length_groups([(torch.cat(pair), len(pair[0])) for pair in real_sequences(rollout)])
+
+
 def test_real_tokens_are_grouped_by_length_without_padding():
-    groups = real_token_groups(_rollout())
-    assert [g.tolist() for g in groups] == [[[4, 5, 6, 2]], [[4, 5, 1, 2, 3], [4, 1, 1, 2, 3]]]
+    groups, prompt_lengths = _real_token_groups(_rollout())
+    # rows of one length and one prompt length share a group
+    assert [g.tolist() for g in groups] == [[[4, 5, 6, 2]], [[4, 1, 1, 2, 3]], [[4, 5, 1, 2, 3]]]
+    assert prompt_lengths == [3, 1, 2]
 
 
 def test_flops_are_counted_on_real_tokens_forward_and_backward():
     model = LinearLM(vocab=7, hidden=5)
-    groups = real_token_groups(_rollout())  # 4 + 5 + 5 = 14 real tokens (15 padded columns x 3 rows = 21)
+    groups, _ = _real_token_groups(_rollout())  # 4 + 5 + 5 = 14 real tokens (15 padded columns x 3 rows = 21)
     assert model_flops(model, groups, backward=False) == 2 * 14 * 5 * 7
     # backward: the input gradient and the weight gradient, each as large as the forward
     assert model_flops(model, groups, backward=True) == 3 * 2 * 14 * 5 * 7

@@ -70,6 +70,11 @@ def loss_scaling(accelerator) -> bool:
     return getattr(accelerator, "scaler", None) is not None
 
 
+def clip_scale(max_norm: float, total_norm: float) -> float:
+    """The factor ``clip_grad_norm_`` multiplies gradients by: min(1, max_norm / (norm + 1e-6))."""
+    return min(1.0, max_norm / (total_norm + 1e-6))
+
+
 def grad_norm(parameters: list[torch.nn.Parameter]) -> float:
     """L2 norm of all gradients of `parameters` together (parameters without one skipped),
     in float32 (half-precision squares overflow)."""
@@ -88,7 +93,7 @@ def clip_grad_norms(accelerator, optimizers: list, parameter_groups: list[list[t
     pass of per-tensor norms serves every group's norm and the joint one. Otherwise each
     call is accelerate's own ``clip_grad_norm_`` (which also knows FSDP and DeepSpeed).
     """
-    scaler = getattr(accelerator, "scaler", None)
+    scaler = accelerator.scaler if loss_scaling(accelerator) else None
     if scaler is not None:
         for optimizer in optimizers:
             scaler.unscale_(_raw(optimizer))
@@ -99,7 +104,7 @@ def clip_grad_norms(accelerator, optimizers: list, parameter_groups: list[list[t
     if not joint:
         return [float(clip(group, max_norm)) for group in parameter_groups]
     total = float(clip([p for group in parameter_groups for p in group], max_norm))
-    scale = min(1.0, max_norm / (total + 1e-6))  # what clipping multiplied every gradient by
+    scale = clip_scale(max_norm, total)  # what clipping multiplied every gradient by
     return [grad_norm(group) / scale if scale > 0 else math.inf for group in parameter_groups]
 
 

@@ -49,7 +49,7 @@ from .losses import entropy_loss, explained_variance, kl_loss, policy_loss, toke
 from .lora import AdapterDisabledReference, apply_lora
 from .policy import (declared_stop_token_ids, disable_dropout, enable_gradient_checkpointing, load_policy,
                      resolve_max_prompt_length, scoring_mode, set_training)
-from .precision import (cast_master_weights, clip_grad_norms, loss_scaling, master_dtype, prepare_frozen,
+from .precision import (cast_master_weights, clip_grad_norms, clip_scale, loss_scaling, master_dtype, prepare_frozen,
                         step_optimizers)
 from .rewards import (apply_missing_eos, clip_scores, format_reward, group_kimi_length_reward, length_reward_weight,
                       shape_rewards, whiten_rewards, whitening_gae_mask)
@@ -87,11 +87,6 @@ def adamw_kernel(models: list) -> dict:
     if dtypes <= {torch.float16, torch.bfloat16, torch.float32, torch.float64}:
         return {"fused": True}
     return {"foreach": True}
-
-
-def _clip_scale(max_norm: float, total_norm: float) -> float:
-    """The factor ``clip_grad_norm_`` multiplies gradients by: min(1, max_norm / (norm + 1e-6))."""
-    return min(1.0, max_norm / (total_norm + 1e-6))
 
 
 def build_lr_scheduler(optimizer, schedule: str, warmup_steps: int, total_steps: int):
@@ -660,12 +655,12 @@ class RLTrainer:
         if value_params and self.value_optimizer is None:  # one optimizer: one joint norm (AlpacaFarm)
             metrics["policy_grad_norm"], metrics["value_grad_norm"] = clip_grad_norms(
                 self.accelerator, optimizers, [policy_params, value_params], max_norm, joint=True)
-            scale = _clip_scale(max_norm, math.hypot(metrics["policy_grad_norm"], metrics["value_grad_norm"]))
+            scale = clip_scale(max_norm, math.hypot(metrics["policy_grad_norm"], metrics["value_grad_norm"]))
         else:  # each model clipped on its own norm; fp16 gradients unscaled once for both
             norms = clip_grad_norms(self.accelerator, optimizers, [policy_params] + ([value_params] if value_params else []),
                                     max_norm)
             metrics["policy_grad_norm"] = norms[0]
-            scale = _clip_scale(max_norm, metrics["policy_grad_norm"])
+            scale = clip_scale(max_norm, metrics["policy_grad_norm"])
             if value_params:
                 metrics["value_grad_norm"] = norms[1]
         metrics["policy_grad_scale"] = scale

@@ -136,10 +136,14 @@ class RLTrainer:
 
         config.validate_for_run()
         self.config = config
-        if config.device == "cpu" or not torch.cuda.is_available():
-            torch.set_num_threads(config.threads)
         self.accelerator = Accelerator(cpu=config.device == "cpu", mixed_precision=config.mixed_precision)
         self.device = self.accelerator.device
+        # The warm start is found (or, the first time, trained) before the thread count and
+        # the seeds are set: training it sets both its own way, and a run must not depend on
+        # whether its warm start was already cached.
+        model_path = self._warm_start_path() if policy is None else None
+        if config.device == "cpu" or not torch.cuda.is_available():
+            torch.set_num_threads(config.threads)
         # Data parallelism: `rollout_batch_size` is the global batch; each rank holds a share
         # and draws its own prompts from its own seed (rank 0 keeps `seed`).
         self.local_batch_size = config.per_process_batch_size(distributed.world_size())
@@ -154,14 +158,6 @@ class RLTrainer:
 
         # -- models -------------------------------------------------------------------------
         if policy is None:
-            model_path = config.model_path
-            if model_path is None:
-                from .sft import warm_start
-
-                # The main process builds (or finds) the cached warm start; the others wait for it.
-                if distributed.is_main_process():
-                    model_path = str(warm_start(progress=config.progress, stop_after=config.warm_start_steps))
-                model_path = distributed.broadcast_object(model_path if distributed.is_main_process() else None)
             self.model_path = model_path
             policy, tokenizer = load_policy(model_path, dropout=not config.disable_dropout,
                                             dtype=master_dtype(config.model_dtype),
@@ -226,6 +222,19 @@ class RLTrainer:
         self.step = 0
         self.samples_generated = 0  # responses generated over all ranks (dynamic sampling makes extra)
         self.writer = None
+
+    def _warm_start_path(self) -> str:
+        """`config.model_path`, or the testbed's cached SFT warm start (built if missing: the
+        main process builds or finds it, the others wait for it)."""
+        config = self.config
+        if config.model_path is not None:
+            return config.model_path
+        from .sft import warm_start
+
+        model_path = None
+        if distributed.is_main_process():
+            model_path = str(warm_start(progress=config.progress, stop_after=config.warm_start_steps))
+        return distributed.broadcast_object(model_path)
 
     # ====================================================================================
     # The algorithm

@@ -65,6 +65,33 @@ def test_resume_matches_a_straight_run(tmp_path, tiny_model_dir):
     assert straight.kl_controller.value == resumed.kl_controller.value != 0.05  # adaptive beta restored
 
 
+def test_a_run_is_the_same_whether_its_warm_start_was_built_or_cached(tmp_path, tiny_model_dir, monkeypatch):
+    """The first run in a fresh clone trains the SFT warm start, which seeds and draws from the
+    global RNGs and sets the thread count; the run that follows must be the one a cached warm
+    start gives (it was not: the rollouts drew from the state the warm start's training left)."""
+    import random
+
+    import ppo.sft
+
+    def cached(**kwargs):
+        return tiny_model_dir
+
+    def built(**kwargs):  # what training one does to the process's global state
+        torch.manual_seed(123)
+        torch.rand(1000)
+        random.random()
+        torch.set_num_threads(1)
+        return tiny_model_dir
+
+    rows = {}
+    for name, warm_start in (("cached", cached), ("built", built)):
+        monkeypatch.setattr(ppo.sft, "warm_start", warm_start)
+        RLTrainer(PPOConfig(output_dir=str(tmp_path / name), **TINY)).train()
+        rows[name] = without_timing(read_metrics(tmp_path / name))
+    assert rows["built"] == rows["cached"]
+    assert torch.get_num_threads() == PPOConfig().threads
+
+
 def test_beta_zero_never_calls_the_reference_model(tmp_path, tiny_model_dir):
     calls = []
     config = preset("grpo", model_path=str(tiny_model_dir), output_dir=str(tmp_path / "g"), group_size=4,

@@ -2,10 +2,11 @@
 
 The first tests use a stand-in backend (no cluster, no training) to pin down what the driver
 does when a backend loses a run or a worker cannot see the sweep directory. The last ones
-run one tiny sweep (2 variants x 2 seeds, 2 steps of the tiny model) on the local backend and
-the same sweep on a 2-CPU local Ray cluster (killing its driver half-way, then rerunning) and
-through submitit's local executor, and check that all give the same results.csv. Those are
-skipped when the optional extra (``pip install -e '.[ray]'``, ``'.[slurm]'``) is missing.
+run one tiny sweep (2 variants x 2 seeds, 2 steps of the tiny model) on the local backend,
+its seed-1 runs on a 2-CPU local Ray cluster and through submitit's local executor, and
+(marked slow) the whole sweep on Ray with its driver killed half-way, then rerun; all must
+give the same results.csv. Those are skipped when the optional extra (``pip install -e
+'.[ray]'``, ``'.[slurm]'``) is missing.
 """
 
 import csv
@@ -229,7 +230,21 @@ def _processes_mentioning(text: str) -> list[int]:
     return pids
 
 
-@pytest.mark.skipif(not _installed("ray"), reason="the ray extra is not installed: pip install -e '.[ray]'")
+needs_ray = pytest.mark.skipif(not _installed("ray"), reason="the ray extra is not installed: pip install -e '.[ray]'")
+
+
+@needs_ray
+def test_ray_sweep_matches_local(tmp_path, tiny_model_dir, local_results):
+    """The toy sweep's seed-1 runs on a 2-CPU local Ray cluster give the local numbers (the
+    kill-and-rerun test below, marked slow, covers the rest of the sweep on Ray)."""
+    sweep = tmp_path / "sweep"
+    result = run_sweep([toy_ablation(tiny_model_dir)], sweep, seeds=1, progress=False, backend=RayBackend(num_cpus=2))
+    assert result.ok and len(result.completed) == 2, result.summary()
+    assert results_without_timing(sweep) == [row for row in local_results if row["seed"] == "1"]
+
+
+@needs_ray
+@pytest.mark.slow
 def test_ray_sweep_matches_local_survives_a_killed_driver_and_skips_on_rerun(tmp_path, tiny_model_dir,
                                                                               local_results, monkeypatch):
     sweep = tmp_path / "sweep"

@@ -34,22 +34,35 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(processes: int, model_dir: Path, out: Path, *scenarios: str) -> None:
+def start(processes: int, model_dir: Path, out: Path, *scenarios: str) -> tuple[subprocess.Popen, Path]:
+    """Start one `torch.distributed.run` launch (1 thread per process); its output goes to a log."""
     out.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT), "TOKENIZERS_PARALLELISM": "false"}
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes),
                "--master_addr", "127.0.0.1", "--master_port", str(_free_port()), str(WORKER), str(model_dir),
                str(out), *scenarios]
-    result = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-6000:]
+    log = out.parent / f"{out.name}.log"
+    with open(log, "w") as handle:
+        return subprocess.Popen(command, env=env, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, text=True), log
+
+
+def finish(process: subprocess.Popen, log: Path) -> None:
+    try:
+        code = process.wait(timeout=600)
+    finally:
+        process.kill()
+    assert code == 0, log.read_text()[-6000:]
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_model_dir):
-    """One launch with 1 process and one with 2 (each runs every scenario it is given)."""
+    """One launch with 1 process and one with 2 (each runs every scenario it is given), at the
+    same time: each process has one thread, and nothing they compare depends on timing."""
     root = tmp_path_factory.mktemp("dp")
-    launch(1, tiny_model_dir, root / "one", "update")
-    launch(2, tiny_model_dir, root / "two", "update", "train")
+    one = start(1, tiny_model_dir, root / "one", "update")
+    two = start(2, tiny_model_dir, root / "two", "update", "train")
+    finish(*one)
+    finish(*two)
     return root
 
 

@@ -46,23 +46,19 @@ def start(processes: int, model_dir: Path, out: Path, *scenarios: str) -> tuple[
         return subprocess.Popen(command, env=env, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, text=True), log
 
 
-def finish(process: subprocess.Popen, log: Path) -> None:
-    try:
-        code = process.wait(timeout=600)
-    finally:
-        process.kill()
-    assert code == 0, log.read_text()[-6000:]
-
-
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, tiny_model_dir):
     """One launch with 1 process and one with 2 (each runs every scenario it is given), at the
     same time: each process has one thread, and nothing they compare depends on timing."""
     root = tmp_path_factory.mktemp("dp")
-    one = start(1, tiny_model_dir, root / "one", "update")
-    two = start(2, tiny_model_dir, root / "two", "update", "train")
-    finish(*one)
-    finish(*two)
+    launches = [start(1, tiny_model_dir, root / "one", "update"),
+                start(2, tiny_model_dir, root / "two", "update", "train")]
+    try:
+        for process, log in launches:
+            assert process.wait(timeout=600) == 0, log.read_text()[-6000:]
+    finally:
+        for process, _ in launches:
+            process.kill()
     return root
 
 

@@ -23,13 +23,13 @@ def test_short_ppo_run_raises_sampled_accuracy(tmp_path):
 
     Measured on the 2-core machine: 0.359 -> 0.477 for this seed; +0.10 to +0.16 over 15
     runs (seeds 0-4 at 1 and 2 threads, and seed 0 through other kernels: module forward,
-    eager attention); +0.078 in the one run whose rollouts drew from another RNG state (a
-    bug, since fixed: the first run in a fresh clone trained the warm start after seeding).
-    The bar sits below all of them, so a machine whose kernels round differently passes too.
+    eager attention). It failed once, at +0.078, when the first run in a fresh clone trained
+    the warm start after seeding and so drew other rollouts (a bug, since fixed:
+    tests/test_trainer.py, test_a_run_is_the_same_whether_its_warm_start_was_built_or_cached).
     """
     summary = run(tmp_path, "alpacafarm", total_steps=30, eval_every=0, eval_size=128, seed=0)
     before, after = summary["initial_eval"]["sampled_accuracy"], summary["final_eval"]["sampled_accuracy"]
-    assert after >= before + 0.05, (before, after)
+    assert after >= before + 0.08, (before, after)
 
 
 def test_short_grpo_run_raises_training_accuracy(tmp_path):

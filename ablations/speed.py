@@ -237,8 +237,27 @@ def run_project_subprocess(kind: str, seed: int, steps: int, model_path: str, ev
         return json.loads(out.read_text())
 
 
+def paired_ratios(runs: list[dict], kind: str) -> list[float]:
+    """project / TRL for each pair of adjacent runs of `kind` with the same seed, in run
+    order (`compare` runs each seed's two systems back to back, so a pair shares the
+    machine's state; the ratio of medians over all runs mixes spells)."""
+    waiting: dict = {}  # seed -> a run whose partner has not come yet
+    ratios = []
+    for run in runs:
+        if run["kind"] != kind:
+            continue
+        other = waiting.pop(run.get("seed"), None)
+        if other is None or other["system"] == run["system"]:
+            waiting[run.get("seed")] = run
+            continue
+        trl, mine = (other, run) if other["system"] == "trl" else (run, other)
+        ratios.append(median_step(mine["step_times_all"]) / median_step(trl["step_times_all"]))
+    return ratios
+
+
 def summarize(runs: list[dict]) -> dict:
-    """Per (kind, system): median step per run, then median / min / max over runs."""
+    """Per (kind, system): median step per run, then median / min / max over runs; per kind
+    the ratio of the two medians and the ratios of adjacent same-seed pairs."""
     table: dict = {}
     for run in runs:
         entry = table.setdefault(run["kind"], {}).setdefault(run["system"], {"per_run": [], "greedy": [], "t1": []})
@@ -252,12 +271,16 @@ def summarize(runs: list[dict]) -> dict:
             entry.update(median=statistics.median(per_run), min=min(per_run), max=max(per_run))
         if "trl" in systems and "project" in systems:
             systems["ratio"] = systems["project"]["median"] / systems["trl"]["median"]
+    for kind, systems in table.items():
+        if "ratio" in systems:
+            systems["paired_ratios"] = paired_ratios(runs, kind)
     return table
 
 
 def format_summary(table: dict) -> str:
-    lines = ["| work | TRL s/step (range) | project s/step (range) | project / TRL | greedy after (TRL / project) |",
-             "|---|---|---|---|---|"]
+    lines = ["| work | TRL s/step (range) | project s/step (range) | project / TRL | per seed (adjacent runs) "
+             "| greedy after (TRL / project) |",
+             "|---|---|---|---|---|---|"]
     for kind, systems in table.items():
         trl, mine = systems.get("trl"), systems.get("project")
 
@@ -268,7 +291,8 @@ def format_summary(table: dict) -> str:
             return "-" if not entry or not entry["greedy"] else f"{statistics.mean(entry['greedy']):.3f}"
 
         ratio = f"{systems['ratio']:.2f}" if "ratio" in systems else "-"
-        lines.append(f"| {kind} | {cell(trl)} | {cell(mine)} | {ratio} | {quality(trl)} / {quality(mine)} |")
+        paired = ", ".join(f"{r:.2f}" for r in systems.get("paired_ratios", [])) or "-"
+        lines.append(f"| {kind} | {cell(trl)} | {cell(mine)} | {ratio} | {paired} | {quality(trl)} / {quality(mine)} |")
     return "\n".join(lines)
 
 

@@ -42,11 +42,27 @@ def test_median_over_steps_five_on_and_the_summary():
     assert speed.median_step(times) == 2.0
     with pytest.raises(ValueError):
         speed.median_step([1.0, 2.0])
-    runs = [{"system": "trl", "kind": "grpo", "step_times_all": [0] * 4 + [t]} for t in (0.4, 0.2, 0.3)]
-    runs += [{"system": "project", "kind": "grpo", "step_times_all": [0] * 4 + [t], "after_test_greedy_acc": 0.5,
-              "after_test_sample_t1_acc": 0.3} for t in (0.1, 0.15, 0.2)]
+    trl = [{"system": "trl", "kind": "grpo", "seed": seed, "step_times_all": [0] * 4 + [t]}
+           for seed, t in zip((42, 43, 44), (0.4, 0.2, 0.3))]
+    mine = [{"system": "project", "kind": "grpo", "seed": seed, "step_times_all": [0] * 4 + [t],
+             "after_test_greedy_acc": 0.5, "after_test_sample_t1_acc": 0.3}
+            for seed, t in zip((42, 43, 44), (0.1, 0.15, 0.2))]
+    # compare's order: each seed's two runs back to back, the system that goes first alternating
+    runs = [trl[0], mine[0], mine[1], trl[1], trl[2], mine[2]]
     table = speed.summarize(runs)
     assert table["grpo"]["trl"]["median"] == 0.3 and table["grpo"]["project"]["median"] == 0.15
     assert table["grpo"]["ratio"] == pytest.approx(0.5)
+    assert table["grpo"]["paired_ratios"] == pytest.approx([0.25, 0.75, 2 / 3])
     text = speed.format_summary(table)
-    assert "| grpo | 0.3000 (0.2000-0.4000) | 0.1500 (0.1000-0.2000) | 0.50 | - / 0.500 |" in text
+    assert "| grpo | 0.3000 (0.2000-0.4000) | 0.1500 (0.1000-0.2000) | 0.50 | 0.25, 0.75, 0.67 | - / 0.500 |" in text
+
+
+def test_paired_ratios_pair_each_seeds_adjacent_runs_only():
+    def run(system, seed, t, kind="ppo"):
+        return {"system": system, "kind": kind, "seed": seed, "step_times_all": [0] * 4 + [t]}
+    # a seed run twice (two batches in one command) pairs twice, in order; other kinds and a
+    # run without its partner are left out
+    runs = [run("trl", 42, 0.2), run("project", 42, 0.1), run("trl", 42, 0.1, kind="grpo"),
+            run("project", 42, 0.3), run("trl", 42, 0.4), run("trl", 43, 0.5)]
+    assert speed.paired_ratios(runs, "ppo") == pytest.approx([0.5, 0.75])
+    assert speed.paired_ratios(runs, "grpo") == []

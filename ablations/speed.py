@@ -265,14 +265,12 @@ def summarize(runs: list[dict]) -> dict:
         if "after_test_greedy_acc" in run:
             entry["greedy"].append(run["after_test_greedy_acc"])
             entry["t1"].append(run["after_test_sample_t1_acc"])
-    for systems in table.values():
+    for kind, systems in table.items():
         for entry in systems.values():
             per_run = entry["per_run"]
             entry.update(median=statistics.median(per_run), min=min(per_run), max=max(per_run))
         if "trl" in systems and "project" in systems:
             systems["ratio"] = systems["project"]["median"] / systems["trl"]["median"]
-    for kind, systems in table.items():
-        if "ratio" in systems:
             systems["paired_ratios"] = paired_ratios(runs, kind)
     return table
 

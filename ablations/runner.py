@@ -75,7 +75,7 @@ STDERR_TAIL_LINES = 60
 # Config fields that may differ between a checkpoint and a resumed attempt: they change how
 # fast a run goes, what it prints, or how its (same) directory is spelled, not what it computes.
 # ``compile_forward`` is one of them: compiled kernels round differently, as threads do.
-RESUME_IGNORED_FIELDS = ("threads", "compile_forward", "progress", "output_dir")
+RESUME_IGNORED_FIELDS = ("threads", "compile_forward", "retain_freed_memory", "progress", "output_dir")
 # Config fields that may differ between two runs that compute the same thing (for reuse).
 # ``threads`` is not among them: reductions split over a different number of threads round
 # differently, and over many sampled steps that changes the run.

@@ -37,7 +37,7 @@ from gae import estimate_advantages, whiten
 from value_model import ScalarHeadModel
 from value_model.reward_model import last_token_scores
 
-from . import checkpoints, distributed, guards, lean_forward, run_dir
+from . import allocator, checkpoints, distributed, guards, lean_forward, run_dir
 from .buffer import ExperienceBuffer, accumulation_weights
 from .config import PPOConfig, describe
 from .dynamic_sampling import ScoredBatch, sample_batch
@@ -144,6 +144,8 @@ class RLTrainer:
         model_path = self._warm_start_path() if policy is None else None
         if config.device == "cpu" or not torch.cuda.is_available():
             torch.set_num_threads(config.threads)
+            if config.retain_freed_memory:  # freed activations reused, not faulted in again
+                allocator.retain_freed_memory()
         # Data parallelism: `rollout_batch_size` is the global batch; each rank holds a share
         # and draws its own prompts from its own seed (rank 0 keeps `seed`).
         self.local_batch_size = config.per_process_batch_size(distributed.world_size())

@@ -9,9 +9,13 @@ step, in the middle of the matrix products. Raising glibc's thresholds keeps the
 blocks in the process for reuse instead; the faults fall to a few per step.
 
 Nothing numerical changes: the same kernels run on the same values, only the addresses
-differ. The price is resident memory: up to `TRIM_THRESHOLD` of freed memory stays mapped
-(a process's resident size stays near its peak). glibc only (Linux); elsewhere, and with
-another allocator preloaded, this does nothing.
+differ. The price is resident memory: up to `TRIM_THRESHOLD` of freed memory stays mapped,
+so a process's resident size stays near its peak instead of falling between steps. Measured
+on the testbed presets (2 threads, 40-120 steps): peak RSS 788 MB with it and 806 MB without
+(AlpacaFarm), 716 and 689 MB (GRPO). The worst case is a heap that fragments: a process that
+only allocates and frees one 40 MiB tensor over and over holds 500 MB with it, 221 MB
+without. glibc only (Linux); elsewhere, and with another allocator preloaded (whose own
+mallopt, if any, is what gets called), this does nothing.
 """
 from __future__ import annotations
 

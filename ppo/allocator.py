@@ -14,8 +14,8 @@ so a process's resident size stays near its peak instead of falling between step
 on the testbed presets (2 threads, 40-120 steps): peak RSS 788 MB with it and 806 MB without
 (AlpacaFarm), 716 and 689 MB (GRPO). The worst case is a heap that fragments: a process that
 only allocates and frees one 40 MiB tensor over and over holds 500 MB with it, 221 MB
-without. glibc only (Linux); elsewhere, and with another allocator preloaded (whose own
-mallopt, if any, is what gets called), this does nothing.
+without. glibc only (Linux): elsewhere it does nothing, and with another allocator preloaded
+(jemalloc, tcmalloc) the settings reach only glibc's, which then serves no tensors.
 """
 from __future__ import annotations
 

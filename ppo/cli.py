@@ -54,8 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
     defaults = PPOConfig()
     for f in fields(PPOConfig):
         flag = "--" + f.name.replace("_", "-")
+        text = f"{field_help()[f.name]} [default: {getattr(defaults, f.name)!r}]"
         group.add_argument(flag, dest=f.name, type=_yaml_value, default=None, metavar="V",
-                           help=f"{field_help()[f.name]} [default: {getattr(defaults, f.name)!r}]")
+                           help=text.replace("%", "%%"))  # argparse formats help with %
     return parser
 
 
@@ -112,9 +113,11 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"ppo-train: error: {error}", file=sys.stderr)
         return 1
-    from .distributed import is_main_process
+    from .distributed import is_main_process, shutdown
 
-    if not is_main_process():  # one report per run, not one per process
+    main_process = is_main_process()
+    shutdown()  # every rank leaves the process group together (no group: nothing to do)
+    if not main_process:  # one report per run, not one per process
         return 0
     initial, final = summary.get("initial_eval") or {}, summary["final_eval"]
     print(f"run: {config.output_dir}  steps: {summary['steps']}  samples: {summary['samples']}")

@@ -115,6 +115,18 @@ def barrier() -> None:
         dist.barrier()
 
 
+def shutdown() -> None:
+    """Leave the process group at the end of a run: every rank waits for the others, then
+    the group is destroyed. A rank that exits with its group alive tears the group's
+    communication threads down during interpreter exit, while another rank may still be
+    talking to it, which can abort that process (SIGABRT, "terminate called without an
+    active exception") after a run that finished correctly. No group: nothing to do."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    barrier()
+    dist.destroy_process_group()
+
+
 class GlobalMeans:
     """Means over the whole (global) batch, reduced across ranks in a single all-reduce.
 

@@ -105,3 +105,4 @@ if __name__ == "__main__":
     out_path = Path(out_dir)
     for scenario in scenarios:
         {"update": scenario_update, "train": scenario_train}[scenario](model_dir, out_path)
+    distributed.shutdown()

@@ -40,6 +40,16 @@ def test_every_field_has_help():
     assert all(len(text) > 10 for text in field_help().values())
 
 
+def test_cli_help_prints_every_field_verbatim():
+    """`ppo.cli --help` formats every field's help; a '%' in it (retain_freed_memory quotes
+    percentages) must come out as written, not break argparse's formatting."""
+    text = "".join(build_parser().format_help().split())  # argparse re-wraps lines (and at hyphens)
+    for name, help_text in field_help().items():
+        assert "--" + name.replace("_", "-") in text
+        assert "".join(help_text.split())[:60] in text, name
+    assert "0-6%" in text
+
+
 def test_alpacafarm_preset_values():
     config = preset("alpacafarm")
     expected = dict(kl_coef=0.0067, adaptive_kl=False, kl_estimator="k1", kl_clip_at_zero=True, kl_placement="reward",

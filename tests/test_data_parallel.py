@@ -166,3 +166,25 @@ def test_collectives_are_the_identity_in_one_process():
     means.add("empty", torch.tensor([1.0]), torch.tensor([0.0]))
     result = means.result()
     assert result["a"] == 1.0 and math.isnan(result["empty"])
+
+
+SHUTDOWN = """
+import sys
+import torch.distributed as dist
+from ppo import distributed
+distributed.shutdown()  # no group yet: nothing to do
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
+before = dist.is_initialized()
+distributed.shutdown()
+print(before, dist.is_initialized())
+"""
+
+
+def test_shutdown_leaves_the_process_group():
+    """`distributed.shutdown` (called at the end of `ppo.cli` and of every 2-process launch
+    above, which must exit with status 0) destroys the group; without one it does nothing.
+    In a fresh interpreter: a group in this test process would outlive the test."""
+    done = subprocess.run([sys.executable, "-c", SHUTDOWN, str(_free_port())], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["True", "False"]

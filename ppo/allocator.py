@@ -1,12 +1,12 @@
 """How the process's memory allocator treats freed memory (PPOConfig.retain_freed_memory).
 
-Every step of a CPU run allocates and frees the same large activation tensors (a testbed
-AlpacaFarm step: tensors of 0.5-5 MB, about 100 MB in all). glibc's allocator hands blocks
-of that size back to the kernel when they are freed (``munmap``, or trimming the top of the
-heap), so the next step's identical allocation is a fresh mapping whose every 4 KiB page
-faults on first touch and is zeroed by the kernel: 10,000-50,000 page faults per testbed
-step, in the middle of the matrix products. Raising glibc's thresholds keeps the freed
-blocks in the process for reuse instead; the faults fall to a few per step.
+Every step of a CPU run allocates and frees the same large activation tensors (on the
+testbed presets, up to a few MB each). glibc's allocator hands such blocks back to the
+kernel when they are freed (``munmap``, or trimming the top of the heap), so the next
+step's identical allocation is a fresh mapping whose every 4 KiB page faults on first touch
+and is zeroed by the kernel: up to 60,000 page faults per testbed step (mostly 20,000-50,000),
+in the middle of the matrix products. Raising glibc's thresholds keeps the freed blocks in
+the process for reuse instead; the faults fall to a few per step.
 
 Nothing numerical changes: the same kernels run on the same values, only the addresses
 differ. The price is resident memory: up to `TRIM_THRESHOLD` of freed memory stays mapped,

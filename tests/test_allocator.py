@@ -45,7 +45,15 @@ print(default, took, faults_per_step(), allocator.retain_freed_memory())
 """
 
 
+def _huge_pages_always() -> bool:
+    try:
+        return "[always]" in Path("/sys/kernel/mm/transparent_hugepage/enabled").read_text()
+    except OSError:
+        return False
+
+
 @glibc_only
+@pytest.mark.skipif(_huge_pages_always(), reason="with transparent huge pages always on, one fault maps 2 MiB")
 def test_retained_memory_is_reused_instead_of_faulted_in_again():
     # 40 MiB is above glibc's largest dynamic mmap threshold (32 MiB): by default it is a
     # fresh mapping every step, each of its 10,240 pages faulting when first written.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ppo.config import PPOConfig
+from ppo.config import RESUMABLE_FIELDS, PPOConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,6 +99,4 @@ def test_a_run_is_the_same_with_and_without_retained_memory(tmp_path, tiny_model
 
 def test_retaining_is_the_default_and_may_change_on_resume():
     assert PPOConfig().retain_freed_memory
-    from ppo.config import RESUMABLE_FIELDS
-
     assert "retain_freed_memory" in RESUMABLE_FIELDS

@@ -23,7 +23,8 @@ output they return depends on it), run the last layer's queries and MLP only on 
 columns whose outputs are read (`_last_rows`: the response positions; the prompt's last
 position when prefilling the sampler) and, with `PPOConfig.share_prompt_prefix`, run each
 distinct prompt of the batch once (`SharedPrompts`): a GRPO batch repeats every prompt G
-times.
+times. With `PPOConfig.padding_free` they carry only the real tokens between the attention
+calls (`Packing`): the products, norms and activations never see a padding position.
 
 Used only where it is the same computation: a plain `GPT2LMHeadModel` / `LlamaForCausalLM`
 (or their backbones inside a `ScalarHeadModel`) in eval mode or with every dropout at 0,
@@ -42,6 +43,7 @@ from torch import nn
 LEAN_ATTRIBUTE = "_lean_forward_backbone"
 COMPILE_ATTRIBUTE = "_lean_forward_compiled"
 SHARE_ATTRIBUTE = "_lean_forward_share_prompts"
+PACK_ATTRIBUTE = "_lean_forward_padding_free"
 
 
 def _backbone_kind(backbone: nn.Module) -> str | None:
@@ -92,11 +94,13 @@ def _compiled(run):
     return _COMPILED[run]
 
 
-def enable(*models: nn.Module | None, compile: bool = False, share_prompts: bool = True) -> list[str]:
+def enable(*models: nn.Module | None, compile: bool = False, share_prompts: bool = True,
+           padding_free: bool = True) -> list[str]:
     """Mark each supported model for the lean path (and, with `compile`, for its compiled
     form: PPOConfig.compile_forward; with `share_prompts`, for one pass per distinct prompt
-    in scoring passes: PPOConfig.share_prompt_prefix); returns the class names that were not
-    supported (they keep their module call)."""
+    in scoring passes: PPOConfig.share_prompt_prefix; with `padding_free`, for teacher-forced
+    passes over real tokens only: PPOConfig.padding_free); returns the class names that were
+    not supported (they keep their module call)."""
     skipped = []
     for model in models:
         if model is None:
@@ -110,6 +114,7 @@ def enable(*models: nn.Module | None, compile: bool = False, share_prompts: bool
             object.__setattr__(model, LEAN_ATTRIBUTE, backbone)
             object.__setattr__(backbone, COMPILE_ATTRIBUTE, compile)
             object.__setattr__(backbone, SHARE_ATTRIBUTE, share_prompts)
+            object.__setattr__(backbone, PACK_ATTRIBUTE, padding_free)
     return skipped
 
 
@@ -155,6 +160,57 @@ class SharedPrompts:
     values: list[torch.Tensor] = field(default_factory=list)
     recording: bool = True
     length: int = 0
+
+
+class Packing:
+    """The real tokens of a padded ``[B, L]`` batch, in row-major order (PPOConfig.padding_free).
+
+    A teacher-forced pass over a batch padded to its longest row spends a third of its
+    products on padding on the testbed presets. Between attention calls nothing mixes
+    positions, so the residual stream can hold only the real tokens, ``[N, H]``: attention
+    alone needs the grid, so its queries, keys and values are scattered into a zero
+    ``[B, L]`` grid (`unpack`; padding keys are masked out, padding queries never read) and
+    its output gathered back (`pack`). Each real token meets the same numbers as in the
+    padded pass."""
+
+    def __init__(self, mask: torch.Tensor):
+        self.mask = mask.bool()  # [B, L]: real tokens
+        self.index = self.mask.reshape(-1).nonzero().squeeze(1)  # [N]: their places in the flat grid
+
+    @classmethod
+    def of(cls, mask: torch.Tensor) -> Packing | None:
+        """The packing of `mask` ``[B, L]``, or None when it has no padding to skip."""
+        packing = cls(mask)
+        return None if len(packing.index) == mask.numel() else packing
+
+    def pack(self, grid: torch.Tensor) -> torch.Tensor:
+        """``[B, L, ...]`` -> ``[N, ...]``: the real tokens."""
+        return grid.reshape(-1, *grid.shape[2:]).index_select(0, self.index)
+
+    def unpack(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``[N, ...]`` -> ``[B, L, ...]``, zeros at padding."""
+        batch, length = self.mask.shape
+        grid = tokens.new_zeros(batch * length, *tokens.shape[1:]).index_copy(0, self.index, tokens)
+        return grid.view(batch, length, *tokens.shape[1:])
+
+    def columns_from(self, start: int) -> tuple[Packing, torch.Tensor]:
+        """The packing of columns `start` on, and where its tokens sit among this one's
+        (row-major order keeps them in the same order)."""
+        kept = (self.index % self.mask.shape[1] >= start).nonzero().squeeze(1)  # [N']
+        return Packing(self.mask[:, start:]), kept
+
+
+def _heads(t: torch.Tensor, head_dim: int, packing: Packing | None) -> torch.Tensor:
+    """``[B, L, n * d]`` (or packed ``[N, n * d]``) -> ``[B, n, L, d]``."""
+    if packing is not None:
+        t = packing.unpack(t)
+    return t.view(*t.shape[:-1], -1, head_dim).transpose(1, 2)
+
+
+def _merge_heads(out: torch.Tensor, packing: Packing | None) -> torch.Tensor:
+    """Attention output ``[B, L, n, d]`` -> ``[B, L, n * d]`` (or packed ``[N, n * d]``)."""
+    out = out.reshape(*out.shape[:-2], -1)
+    return out if packing is None else packing.pack(out)
 
 
 def _attend(query, key, value, bias, scaling):
@@ -224,29 +280,35 @@ def _linear(layer, x):
     return F.linear(x, layer.weight, layer.bias)
 
 
-def _last_rows(query, x, bias, keep_from: int):
+def _last_rows(query, x, bias, keep_from: int, packing: Packing | None = None):
     """The last layer needs its queries, residual stream and mask rows only from column
     `keep_from` on (the outputs the caller reads); keys and values of every column were
     already computed and stored. Rows do not interact outside attention, so the kept rows
-    compute exactly what they would in the full layer."""
-    return query[:, :, keep_from:], x[:, keep_from:], bias[:, :, keep_from:]
+    compute exactly what they would in the full layer. Returns the packing of the kept
+    columns too (None when unpacked)."""
+    if packing is None:
+        return query[:, :, keep_from:], x[:, keep_from:], bias[:, :, keep_from:], None
+    packing, kept = packing.columns_from(keep_from)
+    return query[:, :, keep_from:], x[kept], bias[:, :, keep_from:], packing
 
 
-def _gpt2_hidden(backbone, input_ids, position_ids, bias, cache, keep_from=0):
+def _gpt2_hidden(backbone, input_ids, position_ids, bias, cache, keep_from=0, packing=None):
+    if packing is not None:  # the residual stream holds the real tokens only, [N, H]
+        input_ids, position_ids = packing.pack(input_ids), packing.pack(position_ids)
     x = F.embedding(input_ids, backbone.wte.weight) + F.embedding(position_ids, backbone.wpe.weight)
     last = len(backbone.h) - 1
     for index, block in enumerate(backbone.h):
         attn, mlp = block.attn, block.mlp
-        query, key, value = _conv1d(attn.c_attn, _layer_norm(block.ln_1, x)).split(attn.split_size, dim=2)
-        shape = (*query.shape[:-1], -1, attn.head_dim)
-        query, key, value = (t.view(shape).transpose(1, 2) for t in (query, key, value))
+        qkv = _conv1d(attn.c_attn, _layer_norm(block.ln_1, x))
+        query, key, value = _heads(qkv, attn.head_dim, packing).split(attn.num_heads, dim=1)
         key, value = _store(cache, index, key, value)
         if index == last and keep_from:
-            query, x, bias = _last_rows(query, x, bias, keep_from)
+            query, x, bias, packing = _last_rows(query, x, bias, keep_from, packing)
         out = _attend(query, key, value, bias, attn.scaling)
-        x = x + _conv1d(attn.c_proj, out.reshape(*out.shape[:-2], -1))
+        x = x + _conv1d(attn.c_proj, _merge_heads(out, packing))
         x = x + _conv1d(mlp.c_proj, _activation(mlp.act, _conv1d(mlp.c_fc, _layer_norm(block.ln_2, x))))
-    return _layer_norm(backbone.ln_f, x)
+    x = _layer_norm(backbone.ln_f, x)
+    return x if packing is None else packing.unpack(x)
 
 
 def _rotate_half(x):
@@ -254,32 +316,31 @@ def _rotate_half(x):
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
-def _llama_hidden(backbone, input_ids, position_ids, bias, cache, keep_from=0):
-    x = backbone.embed_tokens(input_ids)
-    cos, sin = backbone.rotary_emb(x, position_ids)
+def _llama_hidden(backbone, input_ids, position_ids, bias, cache, keep_from=0, packing=None):
+    x = backbone.embed_tokens(input_ids if packing is None else packing.pack(input_ids))
+    cos, sin = backbone.rotary_emb(x, position_ids)  # on the [B, L] grid, where attention runs
     cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
     last = len(backbone.layers) - 1
     for index, layer in enumerate(backbone.layers):
         attn = layer.self_attn
         h = _norm(layer.input_layernorm, x)
-        shape = (*h.shape[:-1], -1, attn.head_dim)
-        query = _linear(attn.q_proj, h).view(shape).transpose(1, 2)
-        key = _linear(attn.k_proj, h).view(shape).transpose(1, 2)
-        value = _linear(attn.v_proj, h).view(shape).transpose(1, 2)
+        query, key, value = (_heads(_linear(proj, h), attn.head_dim, packing)
+                             for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
         query = query * cos + _rotate_half(query) * sin
         key = key * cos + _rotate_half(key) * sin
         key, value = _store(cache, index, key, value)
         if index == last and keep_from:
-            query, x, bias = _last_rows(query, x, bias, keep_from)
+            query, x, bias, packing = _last_rows(query, x, bias, keep_from, packing)
         if attn.num_key_value_groups > 1:
             key = key.repeat_interleave(attn.num_key_value_groups, dim=1)
             value = value.repeat_interleave(attn.num_key_value_groups, dim=1)
         out = _attend(query, key, value, bias, attn.scaling)
-        x = x + _linear(attn.o_proj, out.reshape(*out.shape[:-2], -1))
+        x = x + _linear(attn.o_proj, _merge_heads(out, packing))
         h = _norm(layer.post_attention_layernorm, x)
         mlp = layer.mlp
         x = x + _linear(mlp.down_proj, _activation(mlp.act_fn, _linear(mlp.gate_proj, h)) * _linear(mlp.up_proj, h))
-    return _norm(backbone.norm, x)
+    x = _norm(backbone.norm, x)
+    return x if packing is None else packing.unpack(x)
 
 
 def hidden_states(backbone, input_ids, position_ids, key_mask, cache: KVCache | SharedPrompts | None = None,
@@ -298,7 +359,11 @@ def hidden_states(backbone, input_ids, position_ids, key_mask, cache: KVCache | 
         # one graph for every call: the whole sequence runs and the columns are cut after
         out = _compiled(run)(backbone, input_ids, position_ids, bias, cache)[:, keep_from:]
     else:
-        out = run(backbone, input_ids, position_ids, bias, cache, keep_from)
+        # Teacher-forced passes skip their padding (PPOConfig.padding_free); the sampler's
+        # cache is written on the grid, so its prefill runs padded.
+        packed = backbone.__dict__.get(PACK_ATTRIBUTE) and not isinstance(cache, KVCache)
+        packing = Packing.of(key_mask[:, -input_ids.shape[1]:]) if packed else None
+        out = run(backbone, input_ids, position_ids, bias, cache, keep_from, packing)
     if cache is not None:
         cache.length += input_ids.shape[1]
     return out

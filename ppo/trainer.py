@@ -214,7 +214,8 @@ class RLTrainer:
         if config.lean_forward and config.mixed_precision == "no":  # autocast lives in the module call
             lean_forward.enable(self.accelerator.unwrap_model(self.policy), self.ref_policy,
                                 self.accelerator.unwrap_model(self.value_model) if self.value_model is not None else None,
-                                compile=config.compile_forward, share_prompts=config.share_prompt_prefix)
+                                compile=config.compile_forward, share_prompts=config.share_prompt_prefix,
+                                padding_free=config.padding_free)
         self.reuses_update_forward = (
             config.reuse_update_forward and config.ppo_epochs == config.num_minibatches == 1
             and config.gradient_accumulation_steps == 1 and not config.logprobs_from_generation

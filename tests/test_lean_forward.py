@@ -1,6 +1,7 @@
 """The exact speed-ups leave results unchanged: the lean forward and sampling loop
 (`lean_forward`), the update's forward reused for old log-probs and values
-(`reuse_update_forward`), and padding columns cut before a forward pass."""
+(`reuse_update_forward`), padding columns cut before a forward pass, and padding tokens
+skipped inside it (`padding_free`)."""
 
 import copy
 
@@ -9,7 +10,7 @@ import torch
 
 from ppo import lean_forward
 from ppo.config import PPOConfig, preset
-from ppo.logprobs import response_logprobs, response_values, trim_padding
+from ppo.logprobs import _unpadded_inputs, response_logprobs, response_values, trim_padding
 from ppo.rollout import generate
 from ppo.tiny_model import TinyModelConfig, build_tiny_model
 from ppo.trainer import RLTrainer, adamw_kernel
@@ -265,6 +266,63 @@ def test_sharing_prompts_changes_nothing_but_rounding(tmp_path, tiny_model_dir, 
     off = _run(config.replace(share_prompt_prefix=False, output_dir=str(tmp_path / "b")))
     # one token's share of the update (about 1/100 here) for a clip fraction
     _assert_same_run(shared, off, 1e-5, clipfrac_slack=1 / 50)
+
+
+@pytest.mark.parametrize("share", [False, True])
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_padding_free_passes_run_only_real_tokens_with_the_same_results(char_tokenizer, arch, share, monkeypatch):
+    """padding_free: every MLP sees exactly the real tokens of its pass (left-padded prompts
+    and right-padded responses of several lengths), and log-probs, entropies, values and
+    gradients equal the padded pass's to float rounding, with and without shared prompts."""
+    model = tiny(arch, char_tokenizer)
+    torch.manual_seed(5)
+    rollout = generate(model, char_tokenizer, PROMPTS, 7)
+    args = (rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.response_mask)
+    mask = rollout.response_mask.bool()
+    (ids, real, _), query_length, _ = _unpadded_inputs(*args)
+    ids, real = ids[:, :-1], real[:, :-1]  # the last column never runs
+    assert 0 < int(real.sum()) < real.numel()  # the batch really has padding to skip
+    packed, padded = copy.deepcopy(model), copy.deepcopy(model)
+    lean_forward.enable(packed, share_prompts=share, padding_free=True)
+    lean_forward.enable(padded, share_prompts=share, padding_free=False)
+    tokens, activation = [], lean_forward._activation
+
+    def recorded(act, x):
+        tokens.append(x.shape[0] if x.dim() == 2 else None)  # packed: [tokens, width]
+        return activation(act, x)
+
+    monkeypatch.setattr(lean_forward, "_activation", recorded)
+    lp_packed, ent_packed = response_logprobs(packed, *args, with_entropy=True)
+    monkeypatch.undo()
+    if share:  # the distinct prompts (last layer: their last position), then every response
+        first, _ = lean_forward.distinct_prompts(ids[:, :query_length], real[:, :query_length])
+        responses = int(real[:, query_length:].sum())
+        assert tokens == [int(real[first, :query_length].sum()), len(first), responses, responses]
+    else:  # every real token (last layer: from the prompt's last column on)
+        assert tokens == [int(real.sum()), int(real[:, query_length - 1:].sum())]
+    lp_padded, ent_padded = response_logprobs(padded, *args, with_entropy=True)
+    torch.testing.assert_close(lp_packed[mask], lp_padded[mask], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(ent_packed[mask], ent_padded[mask], atol=1e-6, rtol=1e-6)
+    (lp_packed * mask).sum().backward()
+    (lp_padded * mask).sum().backward()
+    for (name, a), b in zip(packed.named_parameters(), padded.parameters()):  # sums regrouped: to 1e-6 of the largest
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6 * b.grad.abs().max().item(), rtol=1e-5, msg=name)
+    critic = ScalarHeadModel.from_policy(model, head_init="normal").eval()
+    packed_critic, padded_critic = copy.deepcopy(critic), copy.deepcopy(critic)
+    lean_forward.enable(packed_critic, share_prompts=share, padding_free=True)
+    lean_forward.enable(padded_critic, share_prompts=share, padding_free=False)
+    torch.testing.assert_close(response_values(packed_critic, *args)[mask],
+                               response_values(padded_critic, *args)[mask], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["grpo", "alpacafarm"])
+def test_padding_free_changes_nothing_but_rounding(tmp_path, tiny_model_dir, name):
+    config = preset(name, model_path=str(tiny_model_dir), output_dir=str(tmp_path / "a"),
+                    group_size=4 if name == "grpo" else 1, **{**SETTINGS, "ppo_epochs": 2})
+    assert config.padding_free  # the default
+    packed = _run(config)
+    padded = _run(config.replace(padding_free=False, output_dir=str(tmp_path / "b")))
+    _assert_same_run(packed, padded, 1e-6)
 
 
 def test_fused_adamw_is_the_single_tensor_loop_to_rounding(tmp_path, tiny_model_dir):

@@ -13,10 +13,11 @@ token), and torch's fused kernels where the model spells a formula out op by op 
 tanh-GELU, Llama's RMSNorm). It is the same math: log-probs agree with the module call to
 float rounding (tests/test_lean_forward.py), and gradients reach the same parameters, so
 optimizers and checkpoints are unchanged. The sampling loop keeps a static key/value
-buffer per layer (every step has the same shapes; unfilled positions are masked), runs
-each distinct prompt once, drops rows that have finished once they are a quarter of the
-cache, and draws each token with ``torch.multinomial`` on softmax(logits / T) for every
-row, the rule `generate` uses, so a seed gives the same samples (tested).
+buffer per layer (compiled, every step has the same shapes, unfilled positions masked;
+eager, a step reads only the filled part), runs each distinct prompt once, drops rows that
+have finished once they are a quarter of the cache, and draws each token with
+``torch.multinomial`` on softmax(logits / T) for every row, the rule `generate` uses, so a
+seed gives the same samples (tested).
 `PPOConfig.compile_forward` hands the fixed-shape calls to torch.compile. Teacher-forced
 passes (`response_logits`, `response_scalars`) never run a sequence's last column (no
 output they return depends on it), run the last layer's queries and MLP only on the
@@ -143,10 +144,13 @@ class KVCache:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     length: int = 0
-    # Sampling steps write one token at `slot` (a 1-element tensor) and attend over the whole
-    # buffer, unfilled positions masked: every step has the same shapes (a static cache), so
-    # a compiled step is compiled once.
+    # Sampling steps write one token at `slot` (a 1-element tensor). Compiled, they attend
+    # over the whole buffer, unfilled positions masked: every step has the same shapes (a
+    # static cache), so a compiled step is compiled once. Eager, they attend over the first
+    # `filled` positions only: the unfilled ones would get exactly zero weight, and reading
+    # them is most of a one-token attention call's time (it scales with the keys read).
     slot: torch.Tensor | None = None
+    filled: int | None = None
 
 
 @dataclass
@@ -236,7 +240,7 @@ def _store(cache: KVCache | SharedPrompts | None, layer: int, key, value):
     if cache.slot is not None:
         cache.keys[layer].index_copy_(2, cache.slot, key)
         cache.values[layer].index_copy_(2, cache.slot, value)
-        return cache.keys[layer], cache.values[layer]
+        return cache.keys[layer][:, :, :cache.filled], cache.values[layer][:, :, :cache.filled]
     start, stop = cache.length, cache.length + key.shape[2]
     cache.keys[layer][:, :, start:stop] = key
     cache.values[layer][:, :, start:stop] = value
@@ -504,13 +508,15 @@ def _sample_loop(model, query_ids, query_mask, max_new_tokens, stop_token_ids, p
     tokens, step_logits = [], []
     inputs = query_ids
     rows = torch.arange(batch, device=query_ids.device)  # the batch rows the cache holds, in order
+    compiled = backbone.__dict__.get(COMPILE_ATTRIBUTE)
     for step in range(max_new_tokens):
         width = cache.length + inputs.shape[1]
         if step == 0:
             hidden = _prefill(backbone, query_ids, query_mask, positions, cache)
-        else:  # one token into the static cache, attending over all of it (unfilled masked)
+        else:  # one token into the static cache, attending over its filled part (compiled: all of it)
             cache.slot = torch.tensor([width - 1], device=query_ids.device)
-            hidden = hidden_states(backbone, inputs, positions, key_mask[rows], cache)
+            cache.filled = None if compiled else width
+            hidden = hidden_states(backbone, inputs, positions, key_mask[rows, :cache.filled], cache)
         logits = model.lm_head(hidden[:, -1:]).squeeze(1).float()  # [b, V]: the rows still in the cache
         if len(rows) < batch:  # dropped rows (finished) get zero logits: they draw, and become pad
             logits = logits.new_zeros(batch, logits.shape[1]).index_copy_(0, rows, logits)  # [B, V]

@@ -57,6 +57,29 @@ def test_lean_sampling_gives_generates_samples_and_log_probs(char_tokenizer, arc
     assert all(p.grad is not None for p in lean.parameters() if p.requires_grad)
 
 
+def test_sampling_steps_attend_over_the_filled_cache_only(char_tokenizer, monkeypatch):
+    """Eager sampling steps read the static cache only up to the token being written (the
+    unfilled rest would get zero weight); the samples are generate's (test above)."""
+    _, lean = plain_and_lean(tiny("llama", char_tokenizer))
+    keys_read, attend = [], lean_forward._attend
+
+    def recorded(query, key, value, bias, scaling):
+        if query.shape[2] == 1:
+            keys_read.append(key.shape[2])
+            assert bias.shape[-1] == key.shape[2]
+        return attend(query, key, value, bias, scaling)
+
+    monkeypatch.setattr(lean_forward, "_attend", recorded)
+    torch.manual_seed(3)
+    rollout = generate(lean, char_tokenizer, PROMPTS, 10)
+    prompt = rollout.query_ids.shape[1]
+    steps = rollout.response_ids.shape[1] - 1  # the first token comes from the prefill
+    layers = lean.config.num_hidden_layers
+    # the prefill's last layer runs one query (the prompt's last position) over the prompt; then
+    # each step's layers read the prompt and the tokens so far, not the whole buffer
+    assert keys_read == [prompt] + [prompt + 1 + step for step in range(steps) for _ in range(layers)]
+
+
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_finished_rows_leave_the_cache_without_changing_any_sample(char_tokenizer, arch, monkeypatch):
     """Rows that stopped are dropped from the sampling batch (`_drop_finished_rows`): the

@@ -351,7 +351,9 @@ def hidden_states(backbone, input_ids, position_ids, key_mask, cache: KVCache | 
                   keep_from: int = 0) -> torch.Tensor:
     """Final hidden states ``[B, L - keep_from, H]`` of `input_ids`, columns `keep_from`
     onwards (attending to `key_mask`'s real keys, which covers the cached positions plus
-    these). The last layer runs only those columns' rows (`_last_rows`)."""
+    these). The last layer runs only those columns' rows (`_last_rows`). Without a sampling
+    cache and with PPOConfig.padding_free, only the real tokens run (`Packing`) and the
+    padding positions of the result are zeros."""
     dtype = backbone.get_input_embeddings().weight.dtype
     if torch.is_autocast_enabled(input_ids.device.type):
         dtype = torch.get_autocast_dtype(input_ids.device.type)

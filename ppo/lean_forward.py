@@ -204,11 +204,16 @@ class Packing:
         return Packing(self.mask[:, start:]), kept
 
 
-def _heads(t: torch.Tensor, head_dim: int, packing: Packing | None) -> torch.Tensor:
-    """``[B, L, n * d]`` (or packed ``[N, n * d]``) -> ``[B, n, L, d]``."""
+def _split_heads(t: torch.Tensor, head_dim: int) -> torch.Tensor:
+    """``[..., n * d]`` -> ``[..., n, d]`` (a view)."""
+    return t.view(*t.shape[:-1], -1, head_dim)
+
+
+def _heads(t: torch.Tensor, packing: Packing | None) -> torch.Tensor:
+    """``[B, L, n, d]`` (or packed ``[N, n, d]``) -> ``[B, n, L, d]``, the grid attention runs on."""
     if packing is not None:
         t = packing.unpack(t)
-    return t.view(*t.shape[:-1], -1, head_dim).transpose(1, 2)
+    return t.transpose(1, 2)
 
 
 def _merge_heads(out: torch.Tensor, packing: Packing | None) -> torch.Tensor:
@@ -304,7 +309,7 @@ def _gpt2_hidden(backbone, input_ids, position_ids, bias, cache, keep_from=0, pa
     for index, block in enumerate(backbone.h):
         attn, mlp = block.attn, block.mlp
         qkv = _conv1d(attn.c_attn, _layer_norm(block.ln_1, x))
-        query, key, value = _heads(qkv, attn.head_dim, packing).split(attn.num_heads, dim=1)
+        query, key, value = _heads(_split_heads(qkv, attn.head_dim), packing).split(attn.num_heads, dim=1)
         key, value = _store(cache, index, key, value)
         if index == last and keep_from:
             query, x, bias, packing = _last_rows(query, x, bias, keep_from, packing)
@@ -321,17 +326,20 @@ def _rotate_half(x):
 
 
 def _llama_hidden(backbone, input_ids, position_ids, bias, cache, keep_from=0, packing=None):
-    x = backbone.embed_tokens(input_ids if packing is None else packing.pack(input_ids))
-    cos, sin = backbone.rotary_emb(x, position_ids)  # on the [B, L] grid, where attention runs
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    if packing is not None:  # the residual stream holds the real tokens only, [N, H]
+        input_ids, position_ids = packing.pack(input_ids), packing.pack(position_ids)
+    x = backbone.embed_tokens(input_ids)
+    cos, sin = backbone.rotary_emb(x, position_ids)  # [..., d] per token
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over the heads
     last = len(backbone.layers) - 1
     for index, layer in enumerate(backbone.layers):
         attn = layer.self_attn
         h = _norm(layer.input_layernorm, x)
-        query, key, value = (_heads(_linear(proj, h), attn.head_dim, packing)
-                             for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
-        query = query * cos + _rotate_half(query) * sin
+        query, key, value = (_split_heads(_linear(proj, h), attn.head_dim)
+                             for proj in (attn.q_proj, attn.k_proj, attn.v_proj))  # [..., n, d]
+        query = query * cos + _rotate_half(query) * sin  # RoPE per token, before attention's grid
         key = key * cos + _rotate_half(key) * sin
+        query, key, value = (_heads(t, packing) for t in (query, key, value))
         key, value = _store(cache, index, key, value)
         if index == last and keep_from:
             query, x, bias, packing = _last_rows(query, x, bias, keep_from, packing)

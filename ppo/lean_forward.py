@@ -302,8 +302,8 @@ def _last_rows(query, x, bias, keep_from: int, packing: Packing | None = None):
 
 
 def _gpt2_hidden(backbone, input_ids, position_ids, bias, cache, keep_from=0, packing=None):
-    if packing is not None:  # the residual stream holds the real tokens only, [N, H]
-        input_ids, position_ids = packing.pack(input_ids), packing.pack(position_ids)
+    """GPT-2's blocks; with `packing`, `input_ids` / `position_ids` are the real tokens ``[N]``
+    and the residual stream stays ``[N, H]`` until the final norm is unpacked to the grid."""
     x = F.embedding(input_ids, backbone.wte.weight) + F.embedding(position_ids, backbone.wpe.weight)
     last = len(backbone.h) - 1
     for index, block in enumerate(backbone.h):
@@ -326,8 +326,7 @@ def _rotate_half(x):
 
 
 def _llama_hidden(backbone, input_ids, position_ids, bias, cache, keep_from=0, packing=None):
-    if packing is not None:  # the residual stream holds the real tokens only, [N, H]
-        input_ids, position_ids = packing.pack(input_ids), packing.pack(position_ids)
+    """Llama's layers, with `packing` as in `_gpt2_hidden`."""
     x = backbone.embed_tokens(input_ids)
     cos, sin = backbone.rotary_emb(x, position_ids)  # [..., d] per token
     cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over the heads
@@ -377,7 +376,9 @@ def hidden_states(backbone, input_ids, position_ids, key_mask, cache: KVCache | 
         # cache is written on the grid, so its prefill runs padded.
         packed = backbone.__dict__.get(PACK_ATTRIBUTE) and not isinstance(cache, KVCache)
         packing = Packing.of(key_mask[:, -input_ids.shape[1]:]) if packed else None
-        out = run(backbone, input_ids, position_ids, bias, cache, keep_from, packing)
+        ids, positions = ((input_ids, position_ids) if packing is None else  # the real tokens only, [N]
+                          (packing.pack(input_ids), packing.pack(position_ids)))
+        out = run(backbone, ids, positions, bias, cache, keep_from, packing)
     if cache is not None:
         cache.length += input_ids.shape[1]
     return out

@@ -402,12 +402,12 @@ class RLTrainer:
             means.add("zero_advantage_group_frac", zero_groups)
             means.add("zero_advantage_group_frac_kept", zero_groups, kept)
             means.add("kept_group_frac", kept.float())
-        means.add("sampling_rounds", torch.tensor([float(batch.rounds)]))
+        means.add_weighted("sampling_rounds", float(batch.rounds), 1.0)
         responses_generated = float(distributed.global_sum(torch.tensor(float(batch.responses_generated))))
         self.samples_generated += int(responses_generated)
         for phase, seconds in timer.seconds.items():
-            means.add(f"time_{phase}", torch.tensor([seconds]))
-        means.add("time_step", torch.tensor([time.perf_counter() - step_start]))
+            means.add_weighted(f"time_{phase}", seconds, 1.0)
+        means.add_weighted("time_step", time.perf_counter() - step_start, 1.0)
         metrics = {"step": self.step + 1, **means.result(), **scalars, "responses_generated": responses_generated,
                    "samples_generated": self.samples_generated, "lr": self.policy_optimizer.param_groups[0]["lr"]}
         if cfg.retire_mastered:

@@ -27,6 +27,7 @@ import random
 import time
 import warnings
 from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -55,6 +56,20 @@ from .rewards import (apply_missing_eos, clip_scores, format_reward, group_kimi_
                       shape_rewards, whiten_rewards, whitening_gae_mask)
 from .rollout import Rollout, decode_responses, generate
 from .tasks import ArithmeticTask, CustomTask, GSM8KTask
+
+
+@dataclass
+class ReusedForward:
+    """The update's first micro-batch (the head of the first epoch's shuffle `order`; `rows`,
+    sorted) and its forward pass with autograd, run before the advantages: `outputs`
+    (log-probs, entropies, values ``[b, T]``) in the order of `rows`, `update_outputs` in the
+    micro-batch's order. `rest` are the other rows, which get their own old pass."""
+
+    order: torch.Tensor
+    rows: torch.Tensor
+    rest: torch.Tensor
+    outputs: dict
+    update_outputs: dict
 
 
 class PhaseTimer:
@@ -217,8 +232,7 @@ class RLTrainer:
                                 compile=config.compile_forward, share_prompts=config.share_prompt_prefix,
                                 padding_free=config.padding_free)
         self.reuses_update_forward = (
-            config.reuse_update_forward and config.ppo_epochs == config.num_minibatches == 1
-            and config.gradient_accumulation_steps == 1 and not config.logprobs_from_generation
+            config.reuse_update_forward and not config.logprobs_from_generation
             and not any(lean_forward.dropout_active(m) for m in (self.policy, self.value_model) if m is not None))
         self.kl_controller = make_kl_controller(config.kl_coef, config.adaptive_kl, config.kl_target, config.kl_horizon,
                                                 rule=config.kl_controller, k_beta=config.kl_k_beta)
@@ -269,15 +283,14 @@ class RLTrainer:
 
         # ---- 3. old log-probs, reference log-probs, values (no autograd) ---------------
         temperature = cfg.temperature if cfg.scale_logits_by_temperature else 1.0
-        update_forward = self._reused_update_forward(rollout, temperature, timer)  # {} unless reuse_update_forward
+        reused = self._reused_update_forward(rollout, temperature, timer)  # None unless reuse_update_forward
         with torch.no_grad(), scoring_mode(self.policy, self.value_model):
             with timer("policy_forward"):
-                if "logprobs" in update_forward:
-                    old_logprobs = update_forward["logprobs"].detach()
-                elif cfg.logprobs_from_generation:
+                if cfg.logprobs_from_generation:
                     old_logprobs = logprobs_from_logits(rollout.generation_logits, rollout.response_ids, temperature)
                 else:
-                    old_logprobs = response_logprobs(self.policy, *self._rollout_args(rollout), temperature=temperature)
+                    old_logprobs = self._old_pass(rollout, reused, "logprobs", lambda *args: response_logprobs(
+                        self.policy, *args, temperature=temperature))
             ref_logprobs = None
             if self.ref_policy is not None:
                 with timer("reference_forward"):
@@ -285,8 +298,8 @@ class RLTrainer:
             values = None
             if self.value_model is not None:
                 with timer("value_forward"):
-                    values = (update_forward["values"].detach() if "values" in update_forward else
-                              response_values(self.value_model, *self._rollout_args(rollout))) * response_mask  # [B, T]
+                    values = self._old_pass(rollout, reused, "values", lambda *args: response_values(
+                        self.value_model, *args)) * response_mask  # [B, T]
 
         # ---- 4. per-token KL to the reference -----------------------------------------
         beta = self.kl_controller.value
@@ -347,10 +360,9 @@ class RLTrainer:
             buffer_tensors["ref_logprobs"] = ref_logprobs
         if values is not None:
             buffer_tensors["values"] = values
-        buffer_tensors.update({f"update_{name}": value for name, value in update_forward.items()})  # with autograd
         buffer = ExperienceBuffer(buffer_tensors)
         with timer("update"):
-            update_metrics = self._update(buffer, beta, temperature)
+            update_metrics = self._update(buffer, beta, temperature, reused)
 
         # ---- 8. KL controller and learning-rate schedule -------------------------------
         mean_sequence_kl = distributed.global_mean(kl.sum(-1))  # over the global batch
@@ -424,8 +436,10 @@ class RLTrainer:
         ])
         return metrics
 
-    def _update(self, buffer: ExperienceBuffer, beta: float, temperature: float) -> dict:
-        """PPO epochs over the buffer; returns averaged loss and clipping metrics."""
+    def _update(self, buffer: ExperienceBuffer, beta: float, temperature: float,
+                reused: ReusedForward | None = None) -> dict:
+        """PPO epochs over the buffer; returns averaged loss and clipping metrics. The first
+        micro-batch takes `reused`'s forward pass, run before the advantages, when given."""
         cfg = self.config
         means = distributed.GlobalMeans()  # loss metrics: each minibatch's, weighted like its loss
         maxima: dict[str, float] = {}  # e.g. ratio_max: the largest over every micro-batch and rank
@@ -435,8 +449,9 @@ class RLTrainer:
         world = distributed.world_size()
         skip_empty_rows = self._skip_empty_rows
         self._set_training(True)
-        for epoch, _, micro_batches in buffer.iterate(cfg.ppo_epochs, cfg.num_minibatches,
-                                                      cfg.gradient_accumulation_steps, self.shuffle_generator):
+        for epoch, minibatch, micro_batches in buffer.iterate(cfg.ppo_epochs, cfg.num_minibatches,
+                                                              cfg.gradient_accumulation_steps, self.shuffle_generator,
+                                                              first_order=reused.order if reused else None):
             if stop_early:
                 break
             if cfg.whiten_advantages and cfg.whiten_advantages_per_minibatch:
@@ -448,11 +463,11 @@ class RLTrainer:
                 [m["loss_mask"] for m in micro_batches], cfg.loss_agg, skip_empty_rows, distributed.global_sum)
             minibatch_approx_kl = 0.0
             minibatch_loss = 0.0  # checked for NaN / inf before the optimizer step
-            for micro, weight, value_weight in zip(micro_batches, policy_weights, value_weights):
+            for index, (micro, weight, value_weight) in enumerate(zip(micro_batches, policy_weights, value_weights)):
                 args = (micro["query_ids"], micro["query_mask"], micro["response_ids"], micro["response_mask"])
-                # Run before the advantages when it was the old policy's too (reuse_update_forward).
-                forward = ({k: micro[f"update_{k}"] for k in ("logprobs", "entropy", "values") if f"update_{k}" in micro}
-                           if "update_logprobs" in micro else self._update_forward(args, temperature))
+                # The first micro-batch's pass ran before the advantages: it was the old policy's too.
+                first = reused is not None and epoch == minibatch == index == 0
+                forward = reused.update_outputs if first else self._update_forward(args, temperature)
                 logprobs, entropy = forward["logprobs"], forward["entropy"]
                 mask = micro["loss_mask"]
                 loss, metrics = policy_loss(logprobs, micro["old_logprobs"], micro["advantages"], mask,
@@ -520,14 +535,39 @@ class RLTrainer:
             out["values"] = response_values(self.value_model, *args)
         return out
 
-    def _reused_update_forward(self, rollout: Rollout, temperature: float, timer: PhaseTimer) -> dict:
-        """The update's only forward pass, run now, when it is also the old policy's
-        (PPOConfig.reuse_update_forward); {} otherwise."""
+    def _reused_update_forward(self, rollout: Rollout, temperature: float, timer: PhaseTimer) -> ReusedForward | None:
+        """The update's first micro-batch, drawn now (the first epoch's shuffle), and its forward
+        pass with autograd: until that micro-batch's optimizer step the policy cannot move, so
+        the pass gives its rows' old log-probs and values as well (PPOConfig.reuse_update_forward).
+        None when not reused."""
         if not self.reuses_update_forward:
-            return {}
+            return None
+        cfg = self.config
+        order = torch.randperm(len(rollout.response_ids), generator=self.shuffle_generator)  # the first epoch's
+        size = len(order) // (cfg.num_minibatches * cfg.gradient_accumulation_steps)
+        # The pass sees its rows in the batch's own order, as the other passes see them (with
+        # one minibatch: the very same batch, so the reference KL of an unmoved policy is 0).
+        rows, position = order[:size].sort()
+        inverse = torch.empty_like(position).scatter_(0, position, torch.arange(size))  # micro-batch row -> pass row
+        rows, inverse = rows.to(self.device), inverse.to(self.device)
         with timer("update"):
             self._set_training(True)
-            return self._update_forward(self._rollout_args(rollout), temperature)
+            outputs = self._update_forward(tuple(t[rows] for t in self._rollout_args(rollout)), temperature)
+        return ReusedForward(order=order, rows=rows, rest=order[size:].sort().values.to(self.device), outputs=outputs,
+                             update_outputs={name: value[inverse] for name, value in outputs.items()})
+
+    def _old_pass(self, rollout: Rollout, reused: ReusedForward | None, name: str, run) -> torch.Tensor:
+        """Old log-probs or values ``[B, T]``: `run(*args)` over the rollout, or, with a reused
+        forward, its detached outputs for its rows and `run` over the rest only."""
+        args = self._rollout_args(rollout)
+        if reused is None:
+            return run(*args)
+        first = reused.outputs[name].detach()  # [b, T]
+        out = first.new_empty(len(args[0]), *first.shape[1:])
+        out[reused.rows] = first
+        if len(reused.rest):
+            out[reused.rest] = run(*(t[reused.rest] for t in args))
+        return out
 
     @staticmethod
     def _per_level_advantage(problems, advantages: torch.Tensor, response_mask: torch.Tensor) -> dict:

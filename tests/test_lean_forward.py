@@ -13,6 +13,7 @@ from ppo.config import PPOConfig, preset
 from ppo.logprobs import _unpadded_inputs, response_logprobs, response_values, trim_padding
 from ppo.rollout import generate
 from ppo.tiny_model import TinyModelConfig, build_tiny_model
+from ppo import trainer as trainer_module
 from ppo.trainer import RLTrainer, adamw_kernel
 from value_model import ScalarHeadModel
 
@@ -228,26 +229,37 @@ def _layout(name: str, monkeypatch) -> dict:
     return ADAM_ABOVE_ROUNDING  # the one-pass layout rounds differently (longer masked key rows)
 
 
+@pytest.mark.parametrize("epochs, minibatches", [(1, 1), (2, 2)])
 @pytest.mark.parametrize("name", ["grpo", "alpacafarm"])
-def test_reusing_the_update_forward_changes_nothing(tmp_path, tiny_model_dir, name, monkeypatch):
-    """One epoch of one minibatch: old log-probs and values from the update's own forward
-    pass give the same metrics and weights as a separate forward pass."""
+def test_reusing_the_update_forward_changes_nothing(tmp_path, tiny_model_dir, name, epochs, minibatches, monkeypatch):
+    """The update's first micro-batch runs its forward pass before the advantages and gives
+    its rows' old log-probs and values; the old passes run over the other rows only (none
+    with one epoch of one minibatch). The same metrics and weights as separate old passes."""
     config = preset(name, model_path=str(tiny_model_dir), output_dir=str(tmp_path / "a"),
-                    group_size=4 if name == "grpo" else 1, **SETTINGS)
+                    group_size=4 if name == "grpo" else 1,
+                    **{**SETTINGS, "ppo_epochs": epochs, "num_minibatches": minibatches})
     # The one-pass layout of shared prompts rounds by where a row sits in its group, and the
     # update shuffles the rows: a separate old pass would give ratios of 1 +- 5e-7, where the
     # per-row layouts give 1 exactly. This test is about the reuse, so it keeps those.
     monkeypatch.setattr(lean_forward, "ONE_PASS_MAX_SCORES", 0)
+    passes, logprobs = [], trainer_module.response_logprobs
+
+    def recorded(model, query_ids, *rest, **options):  # (rows, with autograd) of every log-prob pass
+        passes.append((len(query_ids), torch.is_grad_enabled()))
+        return logprobs(model, query_ids, *rest, **options)
+
+    monkeypatch.setattr(trainer_module, "response_logprobs", recorded)
     reused = _run(config)
-    assert reused[0].reuses_update_forward
+    reused_passes, passes[:] = sorted(passes), []
     separate = _run(config.replace(reuse_update_forward=False, output_dir=str(tmp_path / "b")))
-    assert not separate[0].reuses_update_forward
+    assert reused[0].reuses_update_forward and not separate[0].reuses_update_forward
+    batch, micro = 8, 8 // minibatches
+    reference = [(batch, False)]  # the reference model's pass, over every row either way
+    updates = [(micro, True)] * (epochs * minibatches)  # one forward with autograd per micro-batch
+    rest = [(batch - micro, False)] if batch > micro else []  # the old pass over the other rows only
+    assert reused_passes == sorted((rest + reference + updates) * 3)  # three steps
+    assert sorted(passes) == sorted(([(batch, False)] + reference + updates) * 3)
     _assert_same_run(reused, separate, 1e-6)
-    assert reused[1][-1]["time_policy_forward"] < separate[1][-1]["time_policy_forward"]
-    # more than one optimizer step per batch: the old policy needs its own pass
-    multi = RLTrainer(config.replace(ppo_epochs=2, output_dir=str(tmp_path / "c")), prompts=["1+1="],
-                      reward_fn=_count_ones)
-    assert not multi.reuses_update_forward
 
 
 @pytest.mark.parametrize("layout", ["one_pass", "two_passes"])
@@ -259,7 +271,8 @@ def test_lean_forward_changes_nothing_but_rounding(tmp_path, tiny_model_dir, nam
     assert lean_forward.lean_backbone(lean[0].accelerator.unwrap_model(lean[0].policy)) is not None
     plain = _run(config.replace(lean_forward=False, output_dir=str(tmp_path / "b")))
     assert lean_forward.lean_backbone(plain[0].accelerator.unwrap_model(plain[0].policy)) is None
-    _assert_same_run(lean, plain, 1e-5)
+    # one token of about 60 for a clip fraction: a token at the threshold may land on either side
+    _assert_same_run(lean, plain, 1e-5, clipfrac_slack=1 / 50)
 
 
 def _mlp_tokens(monkeypatch, call):

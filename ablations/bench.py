@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import statistics
 import tempfile
 import time
@@ -138,6 +139,18 @@ def sequence_flops(model, rollout, backward: bool) -> int:
     return full - every_prompt + _counted(model, [(prompt, len(prompt)) for prompt in distinct.values()], backward)
 
 
+def _old_pass_rows(trainer, rollout):
+    """The rows the old-policy and old-critic passes run over: with `reuse_update_forward`,
+    all but the update's first micro-batch (whose own forward gives them; any rows of that
+    count stand for it here)."""
+    if not trainer.reuses_update_forward:
+        return rollout
+    cfg = trainer.config
+    skip = len(rollout) // (cfg.num_minibatches * cfg.gradient_accumulation_steps)
+    return dataclasses.replace(rollout, **{name: getattr(rollout, name)[skip:] for name in
+                                           ("query_ids", "query_mask", "response_ids", "response_mask", "has_eos")})
+
+
 def floor_flops(trainer, rollout) -> dict[str, int]:
     """FLOPs of the passes one step of `trainer`'s config cannot avoid, on `rollout`."""
     cfg = trainer.config
@@ -149,8 +162,8 @@ def floor_flops(trainer, rollout) -> dict[str, int]:
     if trainer.ref_policy is not None:
         flops["reference_forward"] = policy_forward  # the same architecture and tokens
     optimizer_steps = cfg.ppo_epochs * cfg.num_minibatches
-    if critic is not None and optimizer_steps > 1:
-        flops["value_forward"] = sequence_flops(critic, rollout, backward=False)
+    if critic is not None and optimizer_steps > 1:  # the old values: the first micro-batch's come from its update pass
+        flops["value_forward"] = sequence_flops(critic, _old_pass_rows(trainer, rollout), backward=False)
     update = cfg.ppo_epochs * sequence_flops(policy, rollout, backward=True)
     if critic is not None:
         update += cfg.ppo_epochs * sequence_flops(critic, rollout, backward=True)
@@ -193,13 +206,15 @@ def calls_alone(trainer, rollout) -> dict[str, float]:
     times["generate"] = _timed(lambda: generate(policy, trainer.tokenizer, prompts, cfg.response_length,
                                                 temperature=cfg.temperature, stop_token_ids=trainer.stop_token_ids))
     args = (rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.response_mask)
+    old = _old_pass_rows(trainer, rollout)
+    old_args = (old.query_ids, old.query_mask, old.response_ids, old.response_mask)
     with torch.no_grad():
-        if not trainer.reuses_update_forward:
-            times["policy_forward"] = _timed(lambda: response_logprobs(policy, *args))
+        if len(old):
+            times["policy_forward"] = _timed(lambda: response_logprobs(policy, *old_args))
         if trainer.ref_policy is not None:
             times["reference_forward"] = _timed(lambda: response_logprobs(trainer.ref_policy, *args))
-        if trainer.value_model is not None and not trainer.reuses_update_forward:
-            times["value_forward"] = _timed(lambda: response_values(trainer.value_model, *args))
+        if trainer.value_model is not None and len(old):
+            times["value_forward"] = _timed(lambda: response_values(trainer.value_model, *old_args))
     # The update on copies: forward + backward per micro-batch, an AdamW step per minibatch.
     policy_copy = copy.deepcopy(policy)
     critic_copy = copy.deepcopy(trainer.value_model) if trainer.value_model is not None else None

@@ -1,5 +1,6 @@
 """The compute floor: FLOPs counted on real tokens only, and the passes a step cannot avoid."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import torch
@@ -99,6 +100,11 @@ def test_floor_counts_only_unavoidable_passes(tmp_path, tiny_model_dir):
     # two optimizer steps per batch: the old critic's values need their own pass
     assert set(flops) == {"generate", "reference_forward", "value_forward", "update"}
     assert flops["reference_forward"] == flops["generate"]
+    # ... over the rows outside the update's first micro-batch, whose own pass gives theirs
+    critic = ppo.accelerator.unwrap_model(ppo.value_model)
+    assert ppo.reuses_update_forward
+    assert flops["value_forward"] < sequence_flops(critic, rollout, backward=False)
+    assert flops["value_forward"] == sequence_flops(critic, _rows(rollout, 4), backward=False)
     # each epoch: forward + backward (3x a forward) of policy and of a same-sized critic
     assert flops["update"] > 2 * 3 * flops["generate"]
     one_step = RLTrainer(PPOConfig(output_dir=str(tmp_path / "o"), ppo_epochs=1, num_minibatches=1, kl_coef=0.0,
@@ -107,10 +113,16 @@ def test_floor_counts_only_unavoidable_passes(tmp_path, tiny_model_dir):
     # the per-call table works on copies: the trained models are untouched
     before = [p.detach().clone() for p in ppo.policy.parameters()]
     times = calls_alone(ppo, rollout)
-    assert {"generate", "reference_forward", "update"} <= set(times) and all(t > 0 for t in times.values())
+    assert set(times) == {"generate", "policy_forward", "reference_forward", "value_forward", "update"}
+    assert all(t > 0 for t in times.values())
     assert all(torch.equal(a, b) for a, b in zip(before, ppo.policy.parameters()))
     assert all(p.grad is None for p in ppo.policy.parameters())
     assert matmul_throughput(torch.nn.Linear(16, 16), tokens=32, repeats=2) > 1e6
+
+
+def _rows(rollout, start):
+    return dataclasses.replace(rollout, **{name: getattr(rollout, name)[start:] for name in
+                                           ("query_ids", "query_mask", "response_ids", "response_mask", "has_eos")})
 
 
 class _NullTimer:

@@ -474,19 +474,21 @@ class PromptGroups:
     so every token meets the keys it meets in the per-row pass, in one pass instead of the
     two (prompts, then responses) of `SharedPrompts`. Its grid has ``U x W^2`` scores against
     the per-row ``B x R x (Q + R)``: worth it only while they are few (`ONE_PASS_MAX_SCORES`),
-    where a pass's per-call costs outweigh its arithmetic."""
+    where a pass's per-call costs outweigh its arithmetic. For the same reason it runs on its
+    ``[U, W]`` grid as it is: its only padding is a prompt's left padding and the tail of a
+    group with fewer response tokens, and packing would cost two index calls per layer."""
 
-    packing: Packing  # the real tokens of the ``[U, W]`` grid, row-major
-    source: torch.Tensor  # [N]: each token's place in the flat ``[B, L]`` batch
-    bias: torch.Tensor  # [U, 1, W, W]: additive attention mask
-    out_index: torch.Tensor  # [B * (R + 1)]: each output position's place among the kept tokens (N' = a zero row)
+    source: torch.Tensor  # [U * W]: each grid slot's place in the flat ``[B, L]`` batch (empty slots: any token)
+    bias: torch.Tensor  # [U, 1, W, W]: additive attention mask (empty slots are never attended to)
+    out_index: torch.Tensor  # [B * (R + 1)]: each output's place in the kept grid ``[U * (W - Q + 1)]`` (past it: a zero row)
 
     @classmethod
     def of(cls, mask: torch.Tensor, query_length: int, first: torch.Tensor, rows: torch.Tensor,
            dtype: torch.dtype, max_scores: int = ONE_PASS_MAX_SCORES) -> PromptGroups | None:
         """The layout of ``[B, L]`` sequences whose first `query_length` columns are a
         left-padded prompt, grouped by `distinct_prompts`' ``(first, rows)``; None when its
-        grid would hold more than `max_scores` scores per head or a prompt does not end at its last column."""
+        grid would hold more than `max_scores` scores per head or a prompt does not end at
+        its last column."""
         batch, length = mask.shape
         groups, device = len(first), mask.device
         mask = mask.bool()
@@ -507,25 +509,27 @@ class PromptGroups:
         owner.view(-1)[slot] = row
         columns = torch.arange(width, device=device).repeat(groups, 1)  # the token's column in its sequence
         columns.view(-1)[slot] = column
-        source = (first[:, None] * length + torch.arange(width, device=device)).view(-1)
+        # the prompt's columns, then (until overwritten by the responses) its last token again
+        source = (first[:, None] * length + torch.arange(width, device=device).clamp(max=query_length - 1)).view(-1)
         source[slot] = row * length + column
         valid = owner > -2
         allowed = (valid[:, None, :] & ((owner[:, None, :] == -1) | (owner[:, None, :] == owner[:, :, None]))
                    & (columns[:, None, :] <= columns[:, :, None]))  # [U, W (queries), W (keys)]
         bias = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
-        packing = Packing(valid)
         # outputs: the prompt's last position, then each response column (zero where padding)
         kept, out_width = width - query_length + 1, length - query_length + 1
         out_index = torch.full((batch, out_width), groups * kept, dtype=torch.long, device=device)
         out_index[:, 0] = rows * kept
         out_index[row, column - query_length + 1] = group * kept + 1 + rank
-        return cls(packing=packing, source=source[packing.index], bias=bias[:, None], out_index=out_index.view(-1))
+        return cls(source=source, bias=bias[:, None], out_index=out_index.view(-1))
 
     def hidden(self, backbone, input_ids, position_ids, query_length: int) -> torch.Tensor:
         """`response_hidden`'s ``[B, R + 1, H]`` in one pass over the groups."""
         run = _gpt2_hidden if _backbone_kind(backbone) == "gpt2" else _llama_hidden
-        ids, positions = input_ids.reshape(-1)[self.source], position_ids.reshape(-1)[self.source]
-        grid = run(backbone, ids, positions, self.bias, None, query_length - 1, self.packing)  # [U, W - Q + 1, H]
+        groups, width = self.bias.shape[0], self.bias.shape[-1]
+        ids = input_ids.reshape(-1)[self.source].view(groups, width)
+        positions = position_ids.reshape(-1)[self.source].view(groups, width)
+        grid = run(backbone, ids, positions, self.bias, None, query_length - 1)  # [U, W - Q + 1, H]
         flat = torch.cat([grid.reshape(-1, grid.shape[-1]), grid.new_zeros(1, grid.shape[-1])])
         return flat[self.out_index].view(input_ids.shape[0], -1, grid.shape[-1])
 

@@ -276,11 +276,12 @@ def test_lean_forward_changes_nothing_but_rounding(tmp_path, tiny_model_dir, nam
 
 
 def _mlp_tokens(monkeypatch, call):
-    """Run `call`; return the number of tokens each MLP of the lean path saw (None: a padded grid)."""
+    """Run `call`; return the shape each MLP of the lean path ran on: ``(tokens,)`` packed,
+    ``(rows, columns)`` on a grid."""
     tokens, activation = [], lean_forward._activation
 
     def recorded(act, x):
-        tokens.append(x.shape[0] if x.dim() == 2 else None)  # packed: [tokens, width]
+        tokens.append(tuple(x.shape[:-1]))
         return activation(act, x)
 
     monkeypatch.setattr(lean_forward, "_activation", recorded)
@@ -316,15 +317,17 @@ def test_each_distinct_prompt_runs_once_with_the_same_results(char_tokenizer, ar
     tokens, (lp_shared, ent_shared) = _mlp_tokens(monkeypatch, lambda: response_logprobs(shared, *args, with_entropy=True))
     (ids, real, _), query_length, _ = _unpadded_inputs(*args)
     real = real[:, :-1]  # the last column never runs
-    first, _ = lean_forward.distinct_prompts(ids[:, :query_length], real[:, :query_length])
+    first, rows = lean_forward.distinct_prompts(ids[:, :query_length], real[:, :query_length])
     prompts, responses = int(real[first, :query_length].sum()), int(real[:, query_length:].sum())
     if layout == "two_passes":  # 6 distinct prompts x their columns, then 24 rows x the response columns
         assert [shape[0] for shape in prompt_rows] == [6, 24]
         assert prompt_rows[1][1] == rollout.response_ids.shape[1] - 1
-        assert tokens == [prompts, len(first), responses, responses]  # last layers: from the prompt's last column
-    else:  # one pass over the 6 groups: every distinct prompt token and every response token once
+        assert tokens == [(prompts,), (len(first),), (responses,), (responses,)]  # last layers: from the prompt's last column
+    else:  # one pass over 6 group rows: each prompt once, then its 4 rows' response tokens back to back
         assert prompt_rows == []
-        assert tokens == [prompts + responses, len(first) + responses]
+        width = query_length + max(int(real[rows == group, query_length:].sum()) for group in range(len(first)))
+        assert tokens == [(len(first), width), (len(first), width - query_length + 1)]
+        assert len(first) * width < int(real.sum())  # fewer positions than the per-row pass's real tokens
     lp_row, ent_row = response_logprobs(per_row, *args, with_entropy=True)
     torch.testing.assert_close(lp_shared[mask], lp_row[mask], atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(ent_shared[mask], ent_row[mask], atol=1e-6, rtol=1e-6)

@@ -23,9 +23,10 @@ passes (`response_logits`, `response_scalars`) never run a sequence's last colum
 output they return depends on it), run the last layer's queries and MLP only on the
 columns whose outputs are read (`_last_rows`: the response positions; the prompt's last
 position when prefilling the sampler) and, with `PPOConfig.share_prompt_prefix`, run each
-distinct prompt of the batch once (`SharedPrompts`): a GRPO batch repeats every prompt G
-times. With `PPOConfig.padding_free` they carry only the real tokens between the attention
-calls (`Packing`): the products, norms and activations never see a padding position.
+distinct prompt of the batch once (`SharedPrompts`; on small batches in one pass over each
+prompt group, `PromptGroups`): a GRPO batch repeats every prompt G times. With
+`PPOConfig.padding_free` they carry only the real tokens between the attention calls
+(`Packing`): the products, norms and activations never see a padding position.
 
 Used only where it is the same computation: a plain `GPT2LMHeadModel` / `LlamaForCausalLM`
 (or their backbones inside a `ScalarHeadModel`) in eval mode or with every dropout at 0,

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import statistics
 import tempfile
 import time
@@ -42,6 +41,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ppo import lean_forward
 from ppo.config import preset
+from ppo.dynamic_sampling import select_rollout
 from ppo.logprobs import response_logprobs, response_values
 
 from .tables import markdown_table
@@ -145,10 +145,7 @@ def _old_pass_rows(trainer, rollout):
     count stand for it here)."""
     if not trainer.reuses_update_forward:
         return rollout
-    cfg = trainer.config
-    skip = len(rollout) // (cfg.num_minibatches * cfg.gradient_accumulation_steps)
-    return dataclasses.replace(rollout, **{name: getattr(rollout, name)[skip:] for name in
-                                           ("query_ids", "query_mask", "response_ids", "response_mask", "has_eos")})
+    return select_rollout(rollout, torch.arange(trainer.micro_batch_size(len(rollout)), len(rollout)))
 
 
 def floor_flops(trainer, rollout) -> dict[str, int]:
@@ -220,7 +217,7 @@ def calls_alone(trainer, rollout) -> dict[str, float]:
     critic_copy = copy.deepcopy(trainer.value_model) if trainer.value_model is not None else None
     params = list(policy_copy.parameters()) + (list(critic_copy.parameters()) if critic_copy is not None else [])
     optimizer = torch.optim.AdamW(params, lr=1e-12, foreach=True)
-    micro = max(1, len(rollout) // (cfg.num_minibatches * cfg.gradient_accumulation_steps))
+    micro = max(1, trainer.micro_batch_size(len(rollout)))
 
     def update():
         for _ in range(cfg.ppo_epochs * cfg.num_minibatches):

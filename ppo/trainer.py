@@ -542,9 +542,8 @@ class RLTrainer:
         None when not reused."""
         if not self.reuses_update_forward:
             return None
-        cfg = self.config
         order = torch.randperm(len(rollout.response_ids), generator=self.shuffle_generator)  # the first epoch's
-        size = len(order) // (cfg.num_minibatches * cfg.gradient_accumulation_steps)
+        size = self.micro_batch_size(len(order))
         # The pass sees its rows in the batch's own order, as the other passes see them (with
         # one minibatch: the very same batch, so the reference KL of an unmoved policy is 0).
         rows, position = order[:size].sort()
@@ -555,6 +554,10 @@ class RLTrainer:
             outputs = self._update_forward(tuple(t[rows] for t in self._rollout_args(rollout)), temperature)
         return ReusedForward(order=order, rows=rows, rest=order[size:].sort().values.to(self.device), outputs=outputs,
                              update_outputs={name: value[inverse] for name, value in outputs.items()})
+
+    def micro_batch_size(self, batch_size: int) -> int:
+        """Rows per micro-batch of the update over a local batch of `batch_size` rows."""
+        return batch_size // (self.config.num_minibatches * self.config.gradient_accumulation_steps)
 
     def _old_pass(self, rollout: Rollout, reused: ReusedForward | None, name: str, run) -> torch.Tensor:
         """Old log-probs or values ``[B, T]``: `run(*args)` over the rollout, or, with a reused

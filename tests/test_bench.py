@@ -1,6 +1,5 @@
 """The compute floor: FLOPs counted on real tokens only, and the passes a step cannot avoid."""
 
-import dataclasses
 from types import SimpleNamespace
 
 import torch
@@ -8,6 +7,7 @@ import torch
 from ablations.bench import (calls_alone, floor_flops, format_bench, length_groups, matmul_throughput, model_flops,
                              real_sequences, sequence_flops)
 from ppo.config import PPOConfig
+from ppo.dynamic_sampling import select_rollout
 from ppo.rollout import Rollout
 from ppo.trainer import RLTrainer
 
@@ -104,7 +104,7 @@ def test_floor_counts_only_unavoidable_passes(tmp_path, tiny_model_dir):
     critic = ppo.accelerator.unwrap_model(ppo.value_model)
     assert ppo.reuses_update_forward
     assert flops["value_forward"] < sequence_flops(critic, rollout, backward=False)
-    assert flops["value_forward"] == sequence_flops(critic, _rows(rollout, 4), backward=False)
+    assert flops["value_forward"] == sequence_flops(critic, select_rollout(rollout, torch.arange(4, 8)), backward=False)
     # each epoch: forward + backward (3x a forward) of policy and of a same-sized critic
     assert flops["update"] > 2 * 3 * flops["generate"]
     one_step = RLTrainer(PPOConfig(output_dir=str(tmp_path / "o"), ppo_epochs=1, num_minibatches=1, kl_coef=0.0,
@@ -118,11 +118,6 @@ def test_floor_counts_only_unavoidable_passes(tmp_path, tiny_model_dir):
     assert all(torch.equal(a, b) for a, b in zip(before, ppo.policy.parameters()))
     assert all(p.grad is None for p in ppo.policy.parameters())
     assert matmul_throughput(torch.nn.Linear(16, 16), tokens=32, repeats=2) > 1e6
-
-
-def _rows(rollout, start):
-    return dataclasses.replace(rollout, **{name: getattr(rollout, name)[start:] for name in
-                                           ("query_ids", "query_mask", "response_ids", "response_mask", "has_eos")})
 
 
 class _NullTimer:

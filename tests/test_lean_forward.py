@@ -8,7 +8,7 @@ import copy
 import pytest
 import torch
 
-from ppo import lean_forward
+from ppo import batch_layouts, lean_forward
 from ppo.config import PPOConfig, preset
 from ppo.logprobs import _unpadded_inputs, response_logprobs, response_values, trim_padding
 from ppo.rollout import generate
@@ -224,7 +224,7 @@ ADAM_ABOVE_ROUNDING = {"adam_eps": 1e-4}
 def _layout(name: str, monkeypatch) -> dict:
     """Settings for a run-level test of the shared-prompt layout `name`."""
     if name == "two_passes":
-        monkeypatch.setattr(lean_forward, "ONE_PASS_MAX_SCORES", 0)
+        monkeypatch.setattr(batch_layouts, "ONE_PASS_MAX_SCORES", 0)
         return {}
     return ADAM_ABOVE_ROUNDING  # the one-pass layout rounds differently (longer masked key rows)
 
@@ -241,7 +241,7 @@ def test_reusing_the_update_forward_changes_nothing(tmp_path, tiny_model_dir, na
     # The one-pass layout of shared prompts rounds by where a row sits in its group, and the
     # update shuffles the rows: a separate old pass would give ratios of 1 +- 5e-7, where the
     # per-row layouts give 1 exactly. This test is about the reuse, so it keeps those.
-    monkeypatch.setattr(lean_forward, "ONE_PASS_MAX_SCORES", 0)
+    monkeypatch.setattr(batch_layouts, "ONE_PASS_MAX_SCORES", 0)
     passes, logprobs = [], trainer_module.response_logprobs
 
     def recorded(model, query_ids, *rest, **options):  # (rows, with autograd) of every log-prob pass
@@ -298,7 +298,7 @@ def test_each_distinct_prompt_runs_once_with_the_same_results(char_tokenizer, ar
     alone (`SharedPrompts`); log-probs, entropies, values and gradients equal the per-row
     pass to float rounding."""
     if layout == "two_passes":
-        monkeypatch.setattr(lean_forward, "ONE_PASS_MAX_SCORES", 0)
+        monkeypatch.setattr(batch_layouts, "ONE_PASS_MAX_SCORES", 0)
     model = tiny(arch, char_tokenizer)
     torch.manual_seed(5)
     rollout = generate(model, char_tokenizer, PROMPTS, 7)  # 6 distinct prompts, each 4 times
@@ -365,7 +365,7 @@ def test_one_pass_over_prompt_groups_is_the_per_row_arithmetic(char_tokenizer):
     lean_forward.enable(per_row, share_prompts=False)
     (ids, real, _), query_length, _ = _unpadded_inputs(*args)
     first, rows = lean_forward.distinct_prompts(ids[:, :query_length], real[:, :query_length])
-    layout = lean_forward.PromptGroups.of(real[:, :-1], query_length, first, rows, torch.float64)
+    layout = batch_layouts.PromptGroups.of(real[:, :-1], query_length, first, rows, torch.float64)
     assert layout is not None and layout.bias.shape[0] == 3  # one attention row per prompt group
     lp_grouped, ent_grouped = response_logprobs(grouped, *args, with_entropy=True)
     lp_row, ent_row = response_logprobs(per_row, *args, with_entropy=True)
@@ -382,19 +382,19 @@ def test_prompt_groups_run_in_one_pass_only_while_their_grid_is_small(char_token
     passes; the layout of a step is built once and reused while its batch is the same."""
     mask = torch.ones(8, 10, dtype=torch.long)
     first, rows = torch.tensor([0, 4]), torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
-    layout = lean_forward.PromptGroups.of(mask, 4, first, rows, torch.float32)  # 2 groups x (4 + 4 x 6) columns
+    layout = batch_layouts.PromptGroups.of(mask, 4, first, rows, torch.float32)  # 2 groups x (4 + 4 x 6) columns
     assert layout.bias.shape == (2, 1, 28, 28)
-    assert lean_forward.PromptGroups.of(mask, 4, first, rows, torch.float32, max_scores=2 * 28 * 28 - 1) is None
+    assert batch_layouts.PromptGroups.of(mask, 4, first, rows, torch.float32, max_scores=2 * 28 * 28 - 1) is None
     built = []
-    monkeypatch.setattr(lean_forward._prompt_groups, "arguments", None)
-    monkeypatch.setattr(lean_forward._prompt_groups, "function",
-                        lambda *a: built.append(1) or lean_forward.PromptGroups.of(*a))
+    monkeypatch.setattr(batch_layouts.prompt_groups, "arguments", None)
+    monkeypatch.setattr(batch_layouts.prompt_groups, "function",
+                        lambda *a: built.append(1) or batch_layouts.PromptGroups.of(*a))
     for _ in range(3):  # the reference, old-policy and update passes of one batch
-        lean_forward._prompt_groups(mask, 4, first, rows, torch.float32, 1 << 16)
-    lean_forward._prompt_groups(mask.clone(), 4, first, rows, torch.float32, 1 << 16)  # equal, another tensor
+        batch_layouts.prompt_groups(mask, 4, first, rows, torch.float32, 1 << 16)
+    batch_layouts.prompt_groups(mask.clone(), 4, first, rows, torch.float32, 1 << 16)  # equal, another tensor
     assert len(built) == 1
     mask[0, -1] = 0  # another batch
-    lean_forward._prompt_groups(mask, 4, first, rows, torch.float32, 1 << 16)
+    batch_layouts.prompt_groups(mask, 4, first, rows, torch.float32, 1 << 16)
     assert len(built) == 2
 
 
@@ -424,7 +424,7 @@ def test_padding_free_passes_run_only_real_tokens_with_the_same_results(char_tok
     ids, real = ids[:, :-1], real[:, :-1]  # the last column never runs
     assert 0 < int(real.sum()) < real.numel()  # the batch really has padding to skip
     if share:  # the two passes (small batches take one pass: test_each_distinct_prompt_runs_once...)
-        monkeypatch.setattr(lean_forward, "ONE_PASS_MAX_SCORES", 0)
+        monkeypatch.setattr(batch_layouts, "ONE_PASS_MAX_SCORES", 0)
     packed, padded = copy.deepcopy(model), copy.deepcopy(model)
     lean_forward.enable(packed, share_prompts=share, padding_free=True)
     lean_forward.enable(padded, share_prompts=share, padding_free=False)

@@ -42,7 +42,7 @@ from torch.utils.flop_counter import FlopCounterMode
 from ppo import lean_forward
 from ppo.config import preset
 from ppo.dynamic_sampling import select_rollout
-from ppo.logprobs import response_logprobs, response_values
+from ppo.logprobs import response_logprobs, response_logprobs_and_values, response_values
 
 from .tables import markdown_table
 
@@ -213,8 +213,8 @@ def calls_alone(trainer, rollout) -> dict[str, float]:
         if trainer.value_model is not None and len(old):
             times["value_forward"] = _timed(lambda: response_values(trainer.value_model, *old_args))
     # The update on copies: forward + backward per micro-batch, an AdamW step per minibatch.
-    policy_copy = copy.deepcopy(policy)
-    critic_copy = copy.deepcopy(trainer.value_model) if trainer.value_model is not None else None
+    # one deepcopy of both, so a paired policy's copy is paired with the critic's (PPOConfig.paired_critic_pass)
+    policy_copy, critic_copy = copy.deepcopy((policy, trainer.value_model))
     params = list(policy_copy.parameters()) + (list(critic_copy.parameters()) if critic_copy is not None else [])
     optimizer = torch.optim.AdamW(params, lr=1e-12, foreach=True)
     micro = max(1, trainer.micro_batch_size(len(rollout)))
@@ -223,9 +223,11 @@ def calls_alone(trainer, rollout) -> dict[str, float]:
         for _ in range(cfg.ppo_epochs * cfg.num_minibatches):
             for start in range(0, len(rollout) // cfg.num_minibatches, micro):
                 chunk = tuple(a[start:start + micro] for a in args)
-                loss = response_logprobs(policy_copy, *chunk, with_entropy=True)[0].mean()
-                if critic_copy is not None:
-                    loss = loss + response_values(critic_copy, *chunk).mean()
+                if critic_copy is not None:  # as the step's update pass: one pass of both when paired
+                    outputs = response_logprobs_and_values(policy_copy, critic_copy, *chunk)
+                    loss = outputs["logprobs"].mean() + outputs["values"].mean()
+                else:
+                    loss = response_logprobs(policy_copy, *chunk, with_entropy=True)[0].mean()
                 loss.backward()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

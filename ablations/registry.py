@@ -354,14 +354,16 @@ register(
     "speed",
     "The exact speed toggles cost nothing in results and save wall time: GRPO with each switched off "
     "(lean forward, reused update forward, one pass per distinct prompt, padding skipped, freed memory kept for reuse) "
-    "and with the compiled forward on. Accuracy should agree within seed noise; time_step is the point. "
+    "and with the compiled forward on; PPO with its policy and critic in one update pass or in two. "
+    "Accuracy should agree within seed noise; time_step is the point. "
     "python -m ablations bench / speed measure them alone.",
     [Variant("default", GRPO), Variant("module_calls", GRPO, {"lean_forward": False}),
      Variant("separate_old_forward", GRPO, {"reuse_update_forward": False}),
      Variant("per_row_prompts", GRPO, {"share_prompt_prefix": False}),
      Variant("padded_passes", GRPO, {"padding_free": False}),
      Variant("glibc_freeing", GRPO, {"retain_freed_memory": False}),
-     Variant("compiled", GRPO, {"compile_forward": True})],
+     Variant("compiled", GRPO, {"compile_forward": True}),
+     Variant("ppo", PPO), Variant("ppo_separate_critic_pass", PPO, {"paired_critic_pass": False})],
     metric="time_step", extra_metrics=("accuracy", "time_generate", "time_reference_forward", "time_update"),
 )
 

@@ -50,10 +50,16 @@ LEAN_ATTRIBUTE = "_lean_forward_backbone"
 COMPILE_ATTRIBUTE = "_lean_forward_compiled"
 SHARE_ATTRIBUTE = "_lean_forward_share_prompts"
 PACK_ATTRIBUTE = "_lean_forward_padding_free"
+PAIR_ATTRIBUTE = "_lean_forward_paired_critic"
+
+
+def _class_name(module) -> str:
+    """The class name of `module`, or of the first model of a `_Stacked` pair."""
+    return type(module._first if isinstance(module, _Stacked) else module).__name__
 
 
 def _backbone_kind(backbone: nn.Module) -> str | None:
-    name = type(backbone).__name__
+    name = _class_name(backbone)
     if name == "GPT2Model" and not getattr(backbone.config, "reorder_and_upcast_attn", False):
         return "gpt2"
     if name == "LlamaModel":
@@ -126,6 +132,90 @@ def enable(*models: nn.Module | None, compile: bool = False, share_prompts: bool
 
 def lean_backbone(model: nn.Module) -> nn.Module | None:
     return model.__dict__.get(LEAN_ATTRIBUTE)
+
+
+# ---- the policy and its critic as one pass -----------------------------------------------------
+class _Stacked:
+    """Two backbones of the same architecture and shapes read as one (PPOConfig.paired_critic_pass).
+
+    A parameter reads as both models' stacked, ``[2, ...]``, through ``torch.stack`` (with
+    autograd: each model's gradient is its half of the stacked one's); a submodule holding
+    parameters as the pair of both; anything else (sizes, the activation, the rotary tables)
+    as the first model's, which `same_architecture` found equal to the second's. So the same
+    layer code (`_gpt2_hidden`, `_llama_hidden`) runs a batch whose first half goes through
+    the first model and second half through the second: the products become batched products
+    over the two (`_conv1d`, `_linear`), the norms apply each half's weights, and every other
+    kernel runs once over both halves."""
+
+    def __init__(self, first: nn.Module, second: nn.Module):
+        self._first, self._second = first, second
+        # the layout switches of hidden_states, as the first backbone was marked
+        for name in (COMPILE_ATTRIBUTE, PACK_ATTRIBUTE):
+            self.__dict__[name] = first.__dict__.get(name)
+
+    def __getattr__(self, name: str):
+        attribute = getattr(self._first, name)
+        if isinstance(attribute, nn.Parameter):
+            return torch.stack([attribute, getattr(self._second, name)])
+        if isinstance(attribute, nn.ModuleList):
+            return [_Stacked(a, b) for a, b in zip(attribute, getattr(self._second, name))]
+        if isinstance(attribute, nn.Module) and next(attribute.parameters(), None) is not None:
+            return _Stacked(attribute, getattr(self._second, name))
+        return attribute
+
+
+def _settings(module: nn.Module) -> dict:
+    """What a module's forward reads besides tensors: its plain attributes (sizes, eps, scaling)."""
+    return {key: value for key, value in vars(module).items()
+            if isinstance(value, (int, float, str, tuple)) and not key.startswith("_") and key != "training"}
+
+
+def same_architecture(first: nn.Module, second: nn.Module) -> bool:
+    """Whether two backbones compute the same function of their own weights: the same module
+    tree and classes, parameters of the same shapes, dtypes and devices, the same plain
+    settings (eps, head sizes, scaling) and equal buffers (rotary tables)."""
+    modules, others = dict(first.named_modules()), dict(second.named_modules())
+    if modules.keys() != others.keys():
+        return False
+    for name, module in modules.items():
+        other = others[name]
+        if type(module) is not type(other) or _settings(module) != _settings(other):
+            return False
+        pairs = [(module._parameters, other._parameters), (module._buffers, other._buffers)]
+        for own, their in pairs:
+            if own.keys() != their.keys():
+                return False
+            for key, tensor in own.items():
+                twin = their[key]
+                if (tensor is None) != (twin is None):
+                    return False
+                if tensor is not None and (tensor.shape != twin.shape or tensor.dtype != twin.dtype
+                                           or tensor.device != twin.device):
+                    return False
+        if any(not torch.equal(buffer, others[name]._buffers[key])
+               for key, buffer in module._buffers.items() if buffer is not None):
+            return False
+    return True
+
+
+def pair(policy: nn.Module, value_model: nn.Module | None) -> bool:
+    """Mark `policy` to run its update and old passes together with `value_model`'s as one
+    stacked pass (PPOConfig.paired_critic_pass) when both are on the lean path, with the same
+    architecture and shapes, not compiled; returns whether they were paired."""
+    first = lean_backbone(policy)
+    second = lean_backbone(value_model) if value_model is not None else None
+    if first is None or second is None or first.__dict__.get(COMPILE_ATTRIBUTE):
+        return False
+    if not same_architecture(first, second) or any(first.__dict__.get(k) != second.__dict__.get(k)
+                                                   for k in (SHARE_ATTRIBUTE, PACK_ATTRIBUTE)):
+        return False
+    object.__setattr__(policy, PAIR_ATTRIBUTE, value_model)
+    return True
+
+
+def paired_critic(policy: nn.Module, value_model: nn.Module | None) -> bool:
+    """Whether `pair` paired `policy` with this `value_model`."""
+    return value_model is not None and policy.__dict__.get(PAIR_ATTRIBUTE) is value_model
 
 
 # ---- masks ------------------------------------------------------------------------------------
@@ -206,13 +296,36 @@ def _store(cache: KVCache | SharedPrompts | None, layer: int, key, value):
     return cache.keys[layer][:, :, :stop], cache.values[layer][:, :, :stop]
 
 
+def _halves(x: torch.Tensor) -> torch.Tensor:
+    """A paired pass's ``[2n, ..., H]`` stream as ``[2, n * ..., H]``: its first half is the
+    first model's tokens, its second half the second's (`_Stacked`)."""
+    return x.reshape(2, -1, x.shape[-1])
+
+
+def _embed(table, ids: torch.Tensor) -> torch.Tensor:
+    """`table`'s rows for `ids` (with its ``padding_idx``, as the module call); for a pair,
+    each half of the doubled `ids` from its own model's table."""
+    if isinstance(table, _Stacked):
+        half = len(ids) // 2
+        return torch.cat([_embed(table._first, ids[:half]), _embed(table._second, ids[half:])])
+    return F.embedding(ids, table.weight, getattr(table, "padding_idx", None))
+
+
 def _conv1d(layer, x):
-    """GPT-2's `Conv1D` (x @ W + b) as the module computes it, without the module call."""
-    return torch.addmm(layer.bias, x.reshape(-1, x.shape[-1]), layer.weight).view(*x.shape[:-1], layer.nf)
+    """GPT-2's `Conv1D` (x @ W + b) as the module computes it, without the module call; a
+    pair's stacked weights (``[2, in, out]``) as one batched product over the two halves."""
+    weight = layer.weight
+    if weight.dim() == 3:
+        return torch.baddbmm(layer.bias.unsqueeze(1), _halves(x), weight).view(*x.shape[:-1], layer.nf)
+    return torch.addmm(layer.bias, x.reshape(-1, x.shape[-1]), weight).view(*x.shape[:-1], layer.nf)
 
 
 def _layer_norm(norm, x):
-    return F.layer_norm(x, norm.normalized_shape, norm.weight, norm.bias, norm.eps)
+    weight = norm.weight
+    if weight.dim() == 2:  # a pair: normalise, then each half's own scale and shift
+        out = _halves(F.layer_norm(x, norm.normalized_shape, None, None, norm.eps))
+        return torch.addcmul(norm.bias.unsqueeze(1), out, weight.unsqueeze(1)).view(x.shape)
+    return F.layer_norm(x, norm.normalized_shape, weight, norm.bias, norm.eps)
 
 
 _TANH_GELUS = ("NewGELUActivation", "GELUTanh", "PytorchGELUTanh", "GELUPytorchTanh")
@@ -230,17 +343,26 @@ def _activation(act, x):
 def _rms_norm(norm, x):
     """Llama's RMSNorm (in float32, then the weight) as torch's fused kernel."""
     out = F.rms_norm(x.float(), (x.shape[-1],), None, norm.variance_epsilon).to(x.dtype)
-    return norm.weight * out
+    weight = norm.weight
+    if weight.dim() == 2:  # a pair: each half its own weight
+        return (_halves(out) * weight.unsqueeze(1)).view(out.shape)
+    return weight * out
 
 
 def _norm(norm, x):
-    if type(norm).__name__ == "LlamaRMSNorm":
+    if _class_name(norm) == "LlamaRMSNorm":
         return _rms_norm(norm, x)
     return norm(x)
 
 
 def _linear(layer, x):
-    return F.linear(x, layer.weight, layer.bias)
+    weight = layer.weight
+    if weight.dim() == 3:  # a pair (``[2, out, in]``): one batched product over the two halves
+        bias = layer.bias
+        product = (torch.bmm(_halves(x), weight.transpose(1, 2)) if bias is None
+                   else torch.baddbmm(bias.unsqueeze(1), _halves(x), weight.transpose(1, 2)))
+        return product.view(*x.shape[:-1], weight.shape[1])
+    return F.linear(x, weight, layer.bias)
 
 
 def _last_rows(query, x, bias, keep_from: int, packing: Packing | None = None):
@@ -258,7 +380,7 @@ def _last_rows(query, x, bias, keep_from: int, packing: Packing | None = None):
 def _gpt2_hidden(backbone, input_ids, position_ids, bias, cache, keep_from=0, packing=None):
     """GPT-2's blocks; with `packing`, `input_ids` / `position_ids` are the real tokens ``[N]``
     and the residual stream stays ``[N, H]`` until the final norm is unpacked to the grid."""
-    x = F.embedding(input_ids, backbone.wte.weight) + F.embedding(position_ids, backbone.wpe.weight)
+    x = _embed(backbone.wte, input_ids) + _embed(backbone.wpe, position_ids)
     last = len(backbone.h) - 1
     for index, block in enumerate(backbone.h):
         attn, mlp = block.attn, block.mlp
@@ -281,7 +403,7 @@ def _rotate_half(x):
 
 def _llama_hidden(backbone, input_ids, position_ids, bias, cache, keep_from=0, packing=None):
     """Llama's layers, with `packing` as in `_gpt2_hidden`."""
-    x = backbone.embed_tokens(input_ids)
+    x = _embed(backbone.embed_tokens, input_ids)
     cos, sin = backbone.rotary_emb(x, position_ids)  # [..., d] per token
     cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over the heads
     last = len(backbone.layers) - 1
@@ -383,6 +505,28 @@ def response_hidden(backbone, input_ids, attention_mask, position_ids, query_len
         if hidden is not None:
             return hidden
     return hidden_states(backbone, input_ids, position_ids, attention_mask, keep_from=query_length - 1)
+
+
+def paired_response_outputs(policy, value_model, input_ids, attention_mask, position_ids,
+                            query_length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`response_logits` of `policy` and `response_scalars` of `value_model` from one pass of
+    the pair (`pair`): the batch runs twice over, its first copy through the policy's layers
+    and its second through the critic's, every product a batched one over the two. Rows do
+    not interact and each half meets its own model's weights, so it is the same arithmetic as
+    the two passes (tests/test_lean_forward.py). A batch made of repeated prompts (at most one
+    distinct prompt per two rows: PPO with several samples per prompt) takes the two passes,
+    each sharing its prompts (PPOConfig.share_prompt_prefix); a prompt drawn twice by chance
+    does not."""
+    backbone = lean_backbone(policy)
+    ids, mask, positions = input_ids[:, :-1], attention_mask[:, :-1], position_ids[:, :-1]
+    distinct = distinct_prompts(ids[:, :query_length], mask[:, :query_length])
+    if backbone.__dict__.get(SHARE_ATTRIBUTE) and distinct is not None and 2 * len(distinct[0]) <= len(ids):
+        return (response_logits(policy, input_ids, attention_mask, position_ids, query_length),
+                response_scalars(value_model, input_ids, attention_mask, position_ids, query_length))
+    both = _Stacked(backbone, lean_backbone(value_model))
+    hidden = hidden_states(both, *(torch.cat([t, t]) for t in (ids, positions, mask)), keep_from=query_length - 1)
+    policy_hidden, critic_hidden = hidden.chunk(2)  # [B, L-Q, H] each
+    return policy.lm_head(policy_hidden), value_model.head(critic_hidden).squeeze(-1)
 
 
 def response_logits(model, input_ids, attention_mask, position_ids, query_length: int) -> torch.Tensor:

@@ -21,7 +21,9 @@ Implementation details that live here:
   response, and by causality no earlier output depends on it.
 - **The lean forward** (`PPOConfig.lean_forward`, `ppo.lean_forward`): GPT-2 and Llama
   models run through their own modules without the Hugging Face call plumbing; with
-  `PPOConfig.share_prompt_prefix` each distinct prompt of a batch runs once.
+  `PPOConfig.share_prompt_prefix` each distinct prompt of a batch runs once, and with
+  `PPOConfig.paired_critic_pass` the policy's and the critic's passes over a batch run as one
+  (`response_logprobs_and_values`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .lean_forward import response_logits, response_scalars
+from .lean_forward import paired_critic, paired_response_outputs, response_logits, response_scalars
 from .policy import position_ids_from_mask
 
 
@@ -102,3 +104,21 @@ def response_values(value_model, query_ids, query_mask, response_ids, response_m
     inputs, query_length, _ = _unpadded_inputs(query_ids, query_mask, response_ids, response_mask)
     values = response_scalars(value_model, *inputs, query_length)  # [B, t]
     return _pad_columns(values.float(), width)  # [B, T]
+
+
+def response_logprobs_and_values(policy, value_model, query_ids, query_mask, response_ids, response_mask,
+                                 temperature: float = 1.0) -> dict[str, torch.Tensor]:
+    """`response_logprobs` with entropies and `response_values` of the same batch, ``[B, T]``
+    each, as ``{"logprobs", "entropy", "values"}``: one stacked pass when
+    `ppo.lean_forward.pair` paired the two models (PPOConfig.paired_critic_pass), else a pass each."""
+    if not paired_critic(policy, value_model):
+        logprobs, entropy = response_logprobs(policy, query_ids, query_mask, response_ids, response_mask,
+                                              temperature=temperature, with_entropy=True)
+        values = response_values(value_model, query_ids, query_mask, response_ids, response_mask)
+        return {"logprobs": logprobs, "entropy": entropy, "values": values}
+    width = response_ids.shape[1]
+    inputs, query_length, response_ids = _unpadded_inputs(query_ids, query_mask, response_ids, response_mask)
+    logits, values = paired_response_outputs(policy, value_model, *inputs, query_length)  # [B, t, V], [B, t]
+    logprobs, entropy = logprobs_from_logits(logits, response_ids, temperature, with_entropy=True)
+    return {"logprobs": _pad_columns(logprobs, width), "entropy": _pad_columns(entropy, width),
+            "values": _pad_columns(values.float(), width)}

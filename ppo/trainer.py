@@ -45,7 +45,7 @@ from .dynamic_sampling import ScoredBatch, sample_batch
 from .evaluation import evaluate, preserve_rng_state, score_batch
 from .filtering import PromptPool, group_pass_rates, keep_groups, zero_advantage_groups
 from .kl import kl_penalty, make_kl_controller
-from .logprobs import logprobs_from_logits, response_logprobs, response_values
+from .logprobs import logprobs_from_logits, response_logprobs, response_logprobs_and_values, response_values
 from .losses import entropy_loss, explained_variance, kl_loss, policy_loss, token_loss_weights, value_loss
 from .lora import AdapterDisabledReference, apply_lora
 from .policy import (declared_stop_token_ids, disable_dropout, enable_gradient_checkpointing, load_policy,
@@ -231,6 +231,9 @@ class RLTrainer:
                                 self.accelerator.unwrap_model(self.value_model) if self.value_model is not None else None,
                                 compile=config.compile_forward, share_prompts=config.share_prompt_prefix,
                                 padding_free=config.padding_free)
+            if config.paired_critic_pass:  # one stacked update pass of policy and critic when their shapes match
+                lean_forward.pair(self.accelerator.unwrap_model(self.policy),
+                                  self.accelerator.unwrap_model(self.value_model) if self.value_model is not None else None)
         self.reuses_update_forward = (
             config.reuse_update_forward and not config.logprobs_from_generation
             and not any(lean_forward.dropout_active(m) for m in (self.policy, self.value_model) if m is not None))
@@ -529,11 +532,10 @@ class RLTrainer:
     def _update_forward(self, args: tuple, temperature: float) -> dict:
         """The update's forward pass (with autograd): log-probs, entropies and, with a critic,
         values ``[b, T]``."""
+        if self.value_model is not None:  # one pass of both when paired (PPOConfig.paired_critic_pass)
+            return response_logprobs_and_values(self.policy, self.value_model, *args, temperature=temperature)
         logprobs, entropy = response_logprobs(self.policy, *args, temperature=temperature, with_entropy=True)
-        out = {"logprobs": logprobs, "entropy": entropy}
-        if self.value_model is not None:
-            out["values"] = response_values(self.value_model, *args)
-        return out
+        return {"logprobs": logprobs, "entropy": entropy}
 
     def _reused_update_forward(self, rollout: Rollout, temperature: float, timer: PhaseTimer) -> ReusedForward | None:
         """The update's first micro-batch, drawn now (the first epoch's shuffle), and its forward

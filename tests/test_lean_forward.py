@@ -1,16 +1,19 @@
 """The exact speed-ups leave results unchanged: the lean forward and sampling loop
 (`lean_forward`), the update's forward reused for old log-probs and values
 (`reuse_update_forward`), padding columns cut before a forward pass, and padding tokens
-skipped inside it (`padding_free`)."""
+skipped inside it (`padding_free`), and the policy and critic run as one pass
+(`paired_critic_pass`)."""
 
 import copy
+import math
 
 import pytest
 import torch
 
 from ppo import batch_layouts, lean_forward
 from ppo.config import PPOConfig, preset
-from ppo.logprobs import _unpadded_inputs, response_logprobs, response_values, trim_padding
+from ppo.logprobs import (_unpadded_inputs, response_logprobs, response_logprobs_and_values, response_values,
+                          trim_padding)
 from ppo.rollout import generate
 from ppo.tiny_model import TinyModelConfig, build_tiny_model
 from ppo import trainer as trainer_module
@@ -22,8 +25,8 @@ PROMPTS = ["12+35=", "1+2=", "99+99=", "7=", "3*4=", "10-9="] * 4
 
 def tiny(arch, tokenizer, **kwargs):
     torch.manual_seed(0)
-    model = build_tiny_model(TinyModelConfig(arch=arch, hidden_size=32, num_layers=2, num_heads=2,
-                                             intermediate_size=64, **kwargs), tokenizer)
+    model = build_tiny_model(TinyModelConfig(**{"arch": arch, "hidden_size": 32, "num_layers": 2, "num_heads": 2,
+                                                "intermediate_size": 64, **kwargs}), tokenizer)
     return model.eval()
 
 
@@ -188,8 +191,8 @@ def _count_ones(prompts, responses):
     return [float(r.count("1")) for r in responses]
 
 
-def _run(config, steps=3):
-    trainer = RLTrainer(config, prompts=["1+1=", "2+3=", "9+9=", "4+1="], reward_fn=_count_ones)
+def _run(config, steps=3, prompts=("1+1=", "2+3=", "9+9=", "4+1=")):
+    trainer = RLTrainer(config, prompts=list(prompts), reward_fn=_count_ones)
     rows = [trainer.train_step() for _ in range(steps)]
     weights = torch.cat([p.detach().flatten() for p in trainer.policy.parameters()])
     if trainer.value_model is not None:
@@ -248,7 +251,13 @@ def test_reusing_the_update_forward_changes_nothing(tmp_path, tiny_model_dir, na
         passes.append((len(query_ids), torch.is_grad_enabled()))
         return logprobs(model, query_ids, *rest, **options)
 
+    def recorded_pair(policy, value_model, query_ids, *rest, **options):  # a paired pass is a log-prob pass too
+        passes.append((len(query_ids), torch.is_grad_enabled()))
+        return pair(policy, value_model, query_ids, *rest, **options)
+
+    pair = trainer_module.response_logprobs_and_values
     monkeypatch.setattr(trainer_module, "response_logprobs", recorded)
+    monkeypatch.setattr(trainer_module, "response_logprobs_and_values", recorded_pair)
     reused = _run(config)
     reused_passes, passes[:] = sorted(passes), []
     separate = _run(config.replace(reuse_update_forward=False, output_dir=str(tmp_path / "b")))
@@ -467,6 +476,103 @@ def test_padding_free_changes_nothing_but_rounding(tmp_path, tiny_model_dir, nam
     packed = _run(config)
     padded = _run(config.replace(padding_free=False, output_dir=str(tmp_path / "b")))
     _assert_same_run(packed, padded, 1e-6)
+
+
+def _paired_models(char_tokenizer, arch, dtype=torch.float32, padding_free=True):
+    """A policy and a critic built from it (its own head, weights moved apart), both lean;
+    returns (paired policy, its critic, unpaired policy, its critic)."""
+    policy = tiny(arch, char_tokenizer).to(dtype)
+    critic = ScalarHeadModel.from_policy(policy, head_init="normal").eval()
+    with torch.no_grad():  # the two backbones must not hold the same numbers
+        for p in critic.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    models = [copy.deepcopy(m) for m in (policy, critic, policy, critic)]
+    lean_forward.enable(*models, padding_free=padding_free)
+    assert lean_forward.pair(models[0], models[1]) and lean_forward.paired_critic(models[0], models[1])
+    assert not lean_forward.paired_critic(models[2], models[3])
+    return models
+
+
+@pytest.mark.parametrize("padding_free", [True, False])
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_paired_pass_is_the_two_passes_arithmetic(char_tokenizer, arch, padding_free, monkeypatch):
+    """In float64 the paired pass of policy and critic gives the two passes' log-probs,
+    entropies and values exactly here and their gradients to 1e-12, each model's reaching
+    its own parameters; its MLPs run once per layer over both models' tokens."""
+    paired, paired_critic, policy, critic = _paired_models(char_tokenizer, arch, torch.float64, padding_free)
+    torch.manual_seed(3)
+    rollout = generate(policy, char_tokenizer, ["12+35=", "1+2=", "99+99=", "7=", "3*4=", "10-9="], 6)
+    response_mask = rollout.response_mask.clone()
+    for row, length in ((1, 2), (4, 1)):  # responses that stopped early
+        response_mask[row, length:] = 0
+    args = (rollout.query_ids, rollout.query_mask, rollout.response_ids.masked_fill(response_mask == 0, 0),
+            response_mask)
+    mask = response_mask.bool()
+    shapes, got = _mlp_tokens(monkeypatch, lambda: response_logprobs_and_values(paired, paired_critic, *args))
+    expected = response_logprobs_and_values(policy, critic, *args)
+    layers = policy.config.num_hidden_layers
+    single_shapes, _ = _mlp_tokens(monkeypatch, lambda: response_logprobs(policy, *args))
+    assert len(shapes) == layers and len(single_shapes) == layers  # one pass, not one per model
+    assert all(math.prod(s) == 2 * math.prod(t) for s, t in zip(shapes, single_shapes))  # both models' tokens
+    for name in ("logprobs", "entropy", "values"):
+        torch.testing.assert_close(got[name][mask], expected[name][mask], atol=1e-12, rtol=0, msg=name)
+    assert not torch.allclose(got["values"][mask], got["logprobs"][mask])
+    loss = lambda out: ((out["logprobs"] + 0.1 * out["entropy"] + out["values"] ** 2) * mask).sum()
+    loss(got).backward()
+    loss(expected).backward()
+    for own, twin in ((paired, policy), (paired_critic, critic)):
+        for (name, a), b in zip(own.named_parameters(), twin.parameters()):
+            assert a.grad is not None, name
+            torch.testing.assert_close(a.grad, b.grad, atol=1e-12, rtol=0, msg=name)
+
+
+def test_policy_and_critic_pair_only_when_they_compute_alike(char_tokenizer, monkeypatch):
+    """A critic of another size, or with another norm eps, keeps its own pass; a batch that
+    repeats its prompts takes the two passes, each sharing its prompts."""
+    policy = tiny("llama", char_tokenizer)
+    other_size = ScalarHeadModel.from_policy(tiny("llama", char_tokenizer, intermediate_size=48), head_init="zero")
+    other_eps = ScalarHeadModel.from_policy(policy, head_init="zero")
+    other_eps.backbone.layers[1].input_layernorm.variance_epsilon = 1e-3
+    lean_forward.enable(policy, other_size, other_eps)
+    assert not lean_forward.pair(policy, other_size) and not lean_forward.pair(policy, other_eps)
+    assert not lean_forward.paired_critic(policy, other_size) and not lean_forward.pair(policy, None)
+    same = ScalarHeadModel.from_policy(policy, head_init="zero")
+    assert not lean_forward.pair(policy, same)  # not on the lean path yet
+    lean_forward.enable(same)
+    assert lean_forward.pair(policy, same)
+    torch.manual_seed(0)
+    rollout = generate(policy, char_tokenizer, PROMPTS[:4] * 2, 4)  # every prompt twice: shared, not paired
+    args = (rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.response_mask)
+    shapes, out = _mlp_tokens(monkeypatch, lambda: response_logprobs_and_values(policy, same, *args))
+    assert len(shapes) == 2 * policy.config.num_hidden_layers  # a pass for each model, not one for both
+    torch.testing.assert_close(out["values"], response_values(same, *args))
+    rollout = generate(policy, char_tokenizer, PROMPTS[:5] + PROMPTS[:1], 4)  # one prompt drawn twice: paired
+    args = (rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.response_mask)
+    shapes, out = _mlp_tokens(monkeypatch, lambda: response_logprobs_and_values(policy, same, *args))
+    assert len(shapes) == policy.config.num_hidden_layers
+    torch.testing.assert_close(out["values"], response_values(same, *args))
+
+
+def test_pairing_policy_and_critic_changes_nothing_but_rounding(tmp_path, tiny_model_dir, monkeypatch):
+    config = preset("alpacafarm", model_path=str(tiny_model_dir), output_dir=str(tmp_path / "a"),
+                    **{**SETTINGS, "ppo_epochs": 2, "num_minibatches": 2})
+    assert config.paired_critic_pass  # the default
+    stacked, hidden_states = [], lean_forward.hidden_states
+
+    def recorded(backbone, input_ids, *rest, **options):  # the paired passes: one backbone pair, 2B rows
+        if isinstance(backbone, lean_forward._Stacked):
+            stacked.append((len(input_ids), torch.is_grad_enabled()))
+        return hidden_states(backbone, input_ids, *rest, **options)
+
+    monkeypatch.setattr(lean_forward, "hidden_states", recorded)
+    prompts = [f"{a}+{b}=" for a in range(30) for b in range(30)]  # batches of distinct prompts
+    paired = _run(config, prompts=prompts)
+    assert sorted(stacked) == [(2 * 4, True)] * 2 * 2 * 3  # every micro-batch of 4 rows, with autograd
+    policy = paired[0].accelerator.unwrap_model(paired[0].policy)
+    assert lean_forward.paired_critic(policy, paired[0].value_model)
+    separate = _run(config.replace(paired_critic_pass=False, output_dir=str(tmp_path / "b")), prompts=prompts)
+    assert not lean_forward.paired_critic(separate[0].policy, separate[0].value_model)
+    _assert_same_run(paired, separate, 1e-6)
 
 
 def test_fused_adamw_is_the_single_tensor_loop_to_rounding(tmp_path, tiny_model_dir):

@@ -27,7 +27,9 @@ distinct prompt of the batch once (`SharedPrompts`; on small batches in one pass
 prompt group, `PromptGroups`): a GRPO batch repeats every prompt G times. With
 `PPOConfig.padding_free` they carry only the real tokens between the attention calls
 (`Packing`): the products, norms and activations never see a padding position. These
-layouts of a batch's tokens live in ppo/batch_layouts.py.
+layouts of a batch's tokens live in ppo/batch_layouts.py. With `PPOConfig.paired_critic_pass`
+PPO's update pass runs the policy and its critic as one pass over both models' stacked
+weights (`paired_response_outputs`; the pair: ppo/model_pairs.py).
 
 Used only where it is the same computation: a plain `GPT2LMHeadModel` / `LlamaForCausalLM`
 (or their backbones inside a `ScalarHeadModel`) in eval mode or with every dropout at 0,
@@ -45,6 +47,7 @@ from torch import nn
 
 from . import batch_layouts
 from .batch_layouts import Packing, SharedPrompts, distinct_prompts
+from .model_pairs import Stacked, same_architecture
 
 LEAN_ATTRIBUTE = "_lean_forward_backbone"
 COMPILE_ATTRIBUTE = "_lean_forward_compiled"
@@ -54,8 +57,8 @@ PAIR_ATTRIBUTE = "_lean_forward_paired_critic"
 
 
 def _class_name(module) -> str:
-    """The class name of `module`, or of the first model of a `_Stacked` pair."""
-    return type(module._first if isinstance(module, _Stacked) else module).__name__
+    """The class name of `module`, or of the first model of a `Stacked` pair."""
+    return type(module._first if isinstance(module, Stacked) else module).__name__
 
 
 def _backbone_kind(backbone: nn.Module) -> str | None:
@@ -134,74 +137,12 @@ def lean_backbone(model: nn.Module) -> nn.Module | None:
     return model.__dict__.get(LEAN_ATTRIBUTE)
 
 
-# ---- the policy and its critic as one pass -----------------------------------------------------
-class _Stacked:
-    """Two backbones of the same architecture and shapes read as one (PPOConfig.paired_critic_pass).
-
-    A parameter reads as both models' stacked, ``[2, ...]``, through ``torch.stack`` (with
-    autograd: each model's gradient is its half of the stacked one's); a submodule holding
-    parameters as the pair of both; anything else (sizes, the activation, the rotary tables)
-    as the first model's, which `same_architecture` found equal to the second's. So the same
-    layer code (`_gpt2_hidden`, `_llama_hidden`) runs a batch whose first half goes through
-    the first model and second half through the second: the products become batched products
-    over the two (`_conv1d`, `_linear`), the norms apply each half's weights, and every other
-    kernel runs once over both halves."""
-
-    def __init__(self, first: nn.Module, second: nn.Module):
-        self._first, self._second = first, second
-        # the layout switches of hidden_states, as the first backbone was marked
-        for name in (COMPILE_ATTRIBUTE, PACK_ATTRIBUTE):
-            self.__dict__[name] = first.__dict__.get(name)
-
-    def __getattr__(self, name: str):
-        attribute = getattr(self._first, name)
-        if isinstance(attribute, nn.Parameter):
-            return torch.stack([attribute, getattr(self._second, name)])
-        if isinstance(attribute, nn.ModuleList):
-            return [_Stacked(a, b) for a, b in zip(attribute, getattr(self._second, name))]
-        if isinstance(attribute, nn.Module) and next(attribute.parameters(), None) is not None:
-            return _Stacked(attribute, getattr(self._second, name))
-        return attribute
-
-
-def _settings(module: nn.Module) -> dict:
-    """What a module's forward reads besides tensors: its plain attributes (sizes, eps, scaling)."""
-    return {key: value for key, value in vars(module).items()
-            if isinstance(value, (int, float, str, tuple)) and not key.startswith("_") and key != "training"}
-
-
-def same_architecture(first: nn.Module, second: nn.Module) -> bool:
-    """Whether two backbones compute the same function of their own weights: the same module
-    tree and classes, parameters of the same shapes, dtypes and devices, the same plain
-    settings (eps, head sizes, scaling) and equal buffers (rotary tables)."""
-    modules, others = dict(first.named_modules()), dict(second.named_modules())
-    if modules.keys() != others.keys():
-        return False
-    for name, module in modules.items():
-        other = others[name]
-        if type(module) is not type(other) or _settings(module) != _settings(other):
-            return False
-        pairs = [(module._parameters, other._parameters), (module._buffers, other._buffers)]
-        for own, their in pairs:
-            if own.keys() != their.keys():
-                return False
-            for key, tensor in own.items():
-                twin = their[key]
-                if (tensor is None) != (twin is None):
-                    return False
-                if tensor is not None and (tensor.shape != twin.shape or tensor.dtype != twin.dtype
-                                           or tensor.device != twin.device):
-                    return False
-        if any(not torch.equal(buffer, others[name]._buffers[key])
-               for key, buffer in module._buffers.items() if buffer is not None):
-            return False
-    return True
-
-
+# ---- the policy and its critic as one pass (the pair itself: ppo/model_pairs.py) ---------------
 def pair(policy: nn.Module, value_model: nn.Module | None) -> bool:
-    """Mark `policy` to run its update and old passes together with `value_model`'s as one
-    stacked pass (PPOConfig.paired_critic_pass) when both are on the lean path, with the same
-    architecture and shapes, not compiled; returns whether they were paired."""
+    """Mark `policy` to run its update passes together with `value_model`'s as one stacked
+    pass (PPOConfig.paired_critic_pass, `paired_response_outputs`) when both are on the lean
+    path with the same architecture, shapes and layout switches, not compiled; returns
+    whether they were paired. The mark is a plain attribute: state_dict never sees it."""
     first = lean_backbone(policy)
     second = lean_backbone(value_model) if value_model is not None else None
     if first is None or second is None or first.__dict__.get(COMPILE_ATTRIBUTE):
@@ -298,14 +239,14 @@ def _store(cache: KVCache | SharedPrompts | None, layer: int, key, value):
 
 def _halves(x: torch.Tensor) -> torch.Tensor:
     """A paired pass's ``[2n, ..., H]`` stream as ``[2, n * ..., H]``: its first half is the
-    first model's tokens, its second half the second's (`_Stacked`)."""
+    first model's tokens, its second half the second's (`Stacked`)."""
     return x.reshape(2, -1, x.shape[-1])
 
 
 def _embed(table, ids: torch.Tensor) -> torch.Tensor:
     """`table`'s rows for `ids` (with its ``padding_idx``, as the module call); for a pair,
     each half of the doubled `ids` from its own model's table."""
-    if isinstance(table, _Stacked):
+    if isinstance(table, Stacked):
         half = len(ids) // 2
         return torch.cat([_embed(table._first, ids[:half]), _embed(table._second, ids[half:])])
     return F.embedding(ids, table.weight, getattr(table, "padding_idx", None))
@@ -523,7 +464,7 @@ def paired_response_outputs(policy, value_model, input_ids, attention_mask, posi
     if backbone.__dict__.get(SHARE_ATTRIBUTE) and distinct is not None and 2 * len(distinct[0]) <= len(ids):
         return (response_logits(policy, input_ids, attention_mask, position_ids, query_length),
                 response_scalars(value_model, input_ids, attention_mask, position_ids, query_length))
-    both = _Stacked(backbone, lean_backbone(value_model))
+    both = Stacked(backbone, lean_backbone(value_model), markers=(COMPILE_ATTRIBUTE, PACK_ATTRIBUTE))
     hidden = hidden_states(both, *(torch.cat([t, t]) for t in (ids, positions, mask)), keep_from=query_length - 1)
     policy_hidden, critic_hidden = hidden.chunk(2)  # [B, L-Q, H] each
     return policy.lm_head(policy_hidden), value_model.head(critic_hidden).squeeze(-1)

@@ -560,7 +560,7 @@ def test_pairing_policy_and_critic_changes_nothing_but_rounding(tmp_path, tiny_m
     stacked, hidden_states = [], lean_forward.hidden_states
 
     def recorded(backbone, input_ids, *rest, **options):  # the paired passes: one backbone pair, 2B rows
-        if isinstance(backbone, lean_forward._Stacked):
+        if isinstance(backbone, lean_forward.Stacked):
             stacked.append((len(input_ids), torch.is_grad_enabled()))
         return hidden_states(backbone, input_ids, *rest, **options)
 

@@ -9,6 +9,7 @@ import math
 
 import pytest
 import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from ppo import batch_layouts, lean_forward
 from ppo.config import PPOConfig, preset
@@ -480,8 +481,18 @@ def test_padding_free_changes_nothing_but_rounding(tmp_path, tiny_model_dir, nam
 
 def _paired_models(char_tokenizer, arch, dtype=torch.float32, padding_free=True):
     """A policy and a critic built from it (its own head, weights moved apart), both lean;
-    returns (paired policy, its critic, unpaired policy, its critic)."""
-    policy = tiny(arch, char_tokenizer).to(dtype)
+    returns (paired policy, its critic, unpaired policy, its critic). "llama_gqa": two query
+    heads sharing one key/value head."""
+    if arch == "llama_gqa":
+        torch.manual_seed(0)
+        policy = LlamaForCausalLM(LlamaConfig(vocab_size=len(char_tokenizer), hidden_size=32, intermediate_size=64,
+                                              num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                                              pad_token_id=char_tokenizer.pad_token_id,
+                                              eos_token_id=char_tokenizer.eos_token_id)).eval()
+        assert policy.model.layers[0].self_attn.num_key_value_groups == 2
+    else:
+        policy = tiny(arch, char_tokenizer)
+    policy = policy.to(dtype)
     critic = ScalarHeadModel.from_policy(policy, head_init="normal").eval()
     with torch.no_grad():  # the two backbones must not hold the same numbers
         for p in critic.parameters():
@@ -494,7 +505,7 @@ def _paired_models(char_tokenizer, arch, dtype=torch.float32, padding_free=True)
 
 
 @pytest.mark.parametrize("padding_free", [True, False])
-@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+@pytest.mark.parametrize("arch", ["llama", "gpt2", "llama_gqa"])
 def test_paired_pass_is_the_two_passes_arithmetic(char_tokenizer, arch, padding_free, monkeypatch):
     """In float64 the paired pass of policy and critic gives the two passes' log-probs,
     entropies and values exactly here and their gradients to 1e-12, each model's reaching

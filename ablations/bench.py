@@ -126,7 +126,7 @@ def sequence_flops(model, rollout, backward: bool) -> int:
     output a step uses depends on it: nothing is sampled after it, and by causality no
     earlier output sees it), each *distinct* prompt counted once (a batch that repeats a
     prompt, GRPO's G samples, needs its positions once, which the sampler
-    (`ppo.lean_forward._prefill`) and the scoring passes (`PPOConfig.share_prompt_prefix`)
+    (`ppo.lean_sampling._prefill`) and the scoring passes (`PPOConfig.share_prompt_prefix`)
     both exploit), and on the lean path the last layer's prompt rows only as keys and
     values. Counted as full sequences, minus every row's prompt, plus each distinct prompt
     once."""

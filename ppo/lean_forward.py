@@ -1,4 +1,4 @@
-"""A lean forward pass and KV-cached sampling loop for GPT-2 and Llama models.
+"""A lean forward pass for GPT-2 and Llama models (its KV-cached sampler: ppo/lean_sampling.py).
 
 `PPOConfig.lean_forward` (on by default). Every forward pass of an RL step (generation,
 old / reference log-probs, values, the update) goes through a Hugging Face model's
@@ -12,13 +12,8 @@ precomputed additive mask, matmul attention (the 'eager' kernel; SDPA for a sing
 token), and torch's fused kernels where the model spells a formula out op by op (GPT-2's
 tanh-GELU, Llama's RMSNorm). It is the same math: log-probs agree with the module call to
 float rounding (tests/test_lean_forward.py), and gradients reach the same parameters, so
-optimizers and checkpoints are unchanged. The sampling loop keeps a static key/value
-buffer per layer (compiled, every step has the same shapes, unfilled positions masked;
-eager, a step reads only the filled part), runs each distinct prompt once, drops rows that
-have finished once they are a quarter of the cache, and draws each token with
-``torch.multinomial`` on softmax(logits / T) for every row, the rule `generate` uses, so a
-seed gives the same samples (tested).
-`PPOConfig.compile_forward` hands the fixed-shape calls to torch.compile. Teacher-forced
+optimizers and checkpoints are unchanged. `hidden_states` also runs the sampler's steps
+(ppo/lean_sampling.py) over a `KVCache`. `PPOConfig.compile_forward` hands the fixed-shape calls to torch.compile. Teacher-forced
 passes (`response_logits`, `response_scalars`) never run a sequence's last column (no
 output they return depends on it), run the last layer's queries and MLP only on the
 columns whose outputs are read (`_last_rows`: the response positions; the prompt's last
@@ -460,8 +455,9 @@ def paired_response_outputs(policy, value_model, input_ids, attention_mask, posi
     does not."""
     backbone = lean_backbone(policy)
     ids, mask, positions = input_ids[:, :-1], attention_mask[:, :-1], position_ids[:, :-1]
-    distinct = distinct_prompts(ids[:, :query_length], mask[:, :query_length])
-    if backbone.__dict__.get(SHARE_ATTRIBUTE) and distinct is not None and 2 * len(distinct[0]) <= len(ids):
+    distinct = (distinct_prompts(ids[:, :query_length], mask[:, :query_length])
+                if backbone.__dict__.get(SHARE_ATTRIBUTE) else None)
+    if distinct is not None and 2 * len(distinct[0]) <= len(ids):
         return (response_logits(policy, input_ids, attention_mask, position_ids, query_length),
                 response_scalars(value_model, input_ids, attention_mask, position_ids, query_length))
     both = Stacked(backbone, lean_backbone(value_model), markers=(COMPILE_ATTRIBUTE, PACK_ATTRIBUTE))
@@ -488,119 +484,3 @@ def response_scalars(model, input_ids, attention_mask, position_ids, query_lengt
         return model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
                      position_ids=position_ids[:, :-1])[:, query_length - 1:]
     return model.head(response_hidden(backbone, input_ids, attention_mask, position_ids, query_length)).squeeze(-1)
-
-
-# ---- sampling --------------------------------------------------------------------------------
-def _prefill(backbone, query_ids, query_mask, positions, cache: KVCache) -> torch.Tensor:
-    """Run the prompts into the cache; each distinct prompt once (a GRPO batch repeats every
-    prompt G times), its keys, values and last hidden state copied to its rows. Rows of a
-    batch do not interact, so this is the same arithmetic as the full batch."""
-    found = distinct_prompts(query_ids, query_mask)
-    last = query_ids.shape[1] - 1  # only the last position's output is read (the first token's logits)
-    if found is None:
-        return hidden_states(backbone, query_ids, positions, query_mask, cache, keep_from=last)
-    first, inverse = found
-    width = query_ids.shape[1]
-    distinct = KVCache(keys=[k.new_zeros(len(first), k.shape[1], width, k.shape[3]) for k in cache.keys],
-                       values=[v.new_zeros(len(first), v.shape[1], width, v.shape[3]) for v in cache.values])
-    hidden = hidden_states(backbone, query_ids[first], positions[first], query_mask[first], distinct, keep_from=last)
-    for layer in range(len(cache.keys)):
-        cache.keys[layer][:, :, :width] = distinct.keys[layer][inverse]
-        cache.values[layer][:, :, :width] = distinct.values[layer][inverse]
-    cache.length = width
-    return hidden[inverse]
-
-
-def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, max_new_tokens: int,
-           stop_token_ids: list[int], pad_token_id: int, temperature: float = 1.0, greedy: bool = False,
-           return_logits: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Sample up to `max_new_tokens` per row with a KV cache; returns the new tokens
-    ``[B, T]`` (pad after a row's stop token; T stops growing once every row has stopped)
-    and, if asked, the raw logits of each step ``[B, T, V]`` (zeros for a row once it has
-    finished and left the cache: `_drop_finished_rows`).
-
-    The rule is `generate`'s with pure sampling: logits in float32 divided by the
-    temperature, softmax, one ``torch.multinomial`` draw per row per step (finished rows
-    draw too and are overwritten by pad), or argmax when greedy.
-    """
-    # Inference mode skips autograd's version counters and view tracking (a sampling batch of
-    # the identical work: 23.3 vs 25.7 ms); its tensors are copied on the way out, so the
-    # rollout's ids and logits are ordinary tensors the update may use under autograd.
-    with torch.inference_mode():
-        response, logits = _sample_loop(model, query_ids, query_mask, max_new_tokens, stop_token_ids,
-                                        pad_token_id, temperature, greedy, return_logits)
-    return response.clone(), (logits.clone() if logits is not None else None)
-
-
-def _sample_loop(model, query_ids, query_mask, max_new_tokens, stop_token_ids, pad_token_id, temperature, greedy,
-                 return_logits):
-    backbone = lean_backbone(model)
-    batch, prompt_length = query_ids.shape
-    config = backbone.config
-    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    weight = backbone.get_input_embeddings().weight
-    capacity = prompt_length + max_new_tokens
-    layers = config.num_hidden_layers
-    cache = KVCache(keys=[weight.new_zeros(batch, heads, capacity, head_dim) for _ in range(layers)],
-                    values=[weight.new_zeros(batch, heads, capacity, head_dim) for _ in range(layers)])  # zeros: masked slots must not hold NaN
-    key_mask = torch.zeros(batch, capacity, dtype=torch.long, device=query_ids.device)
-    key_mask[:, :prompt_length] = query_mask
-    # positions as `generate` gives them: counted over real tokens, padding gets 1
-    positions = query_mask.long().cumsum(-1) - 1
-    positions = positions.masked_fill(query_mask == 0, 1)
-    next_position = positions[:, -1:] + 1  # [B, 1]
-    stops = torch.tensor(stop_token_ids, device=query_ids.device)
-    unfinished = torch.ones(batch, dtype=torch.long, device=query_ids.device)
-    tokens, step_logits = [], []
-    inputs = query_ids
-    rows = torch.arange(batch, device=query_ids.device)  # the batch rows the cache holds, in order
-    compiled = backbone.__dict__.get(COMPILE_ATTRIBUTE)
-    for step in range(max_new_tokens):
-        width = cache.length + inputs.shape[1]
-        if step == 0:
-            hidden = _prefill(backbone, query_ids, query_mask, positions, cache)
-        else:  # one token into the static cache, attending over its filled part (compiled: all of it)
-            cache.slot = torch.tensor([width - 1], device=query_ids.device)
-            cache.filled = None if compiled else width
-            hidden = hidden_states(backbone, inputs, positions, key_mask[rows, :cache.filled], cache)
-        logits = model.lm_head(hidden[:, -1:]).squeeze(1).float()  # [b, V]: the rows still in the cache
-        if len(rows) < batch:  # dropped rows (finished) get zero logits: they draw, and become pad
-            logits = logits.new_zeros(batch, logits.shape[1]).index_copy_(0, rows, logits)  # [B, V]
-        if return_logits:
-            step_logits.append(logits)
-        if greedy:
-            new = logits.argmax(-1)
-        else:
-            # Every row draws, finished ones too: one uniform per row per step, as generate
-            # draws, so a seed gives the same samples whichever rows were dropped.
-            probs = torch.softmax(logits / temperature, dim=-1)
-            new = torch.multinomial(probs, num_samples=1).squeeze(1)
-        new = new * unfinished + pad_token_id * (1 - unfinished)
-        tokens.append(new)
-        unfinished = unfinished & ~torch.isin(new, stops)
-        if not unfinished.any() or step == max_new_tokens - 1:
-            break
-        key_mask[:, width] = 1
-        rows = _drop_finished_rows(cache, rows, unfinished)
-        inputs, positions = new[rows, None], next_position[rows]
-        next_position = next_position + 1
-    response = torch.stack(tokens, dim=1)  # [B, T]
-    return response, (torch.stack(step_logits, dim=1) if return_logits else None)
-
-
-COMPACT_BELOW = 0.75  # drop finished rows once the running ones are at most this share of the cache
-
-
-def _drop_finished_rows(cache: KVCache, rows: torch.Tensor, unfinished: torch.Tensor) -> torch.Tensor:
-    """Drop the cache rows of finished responses once they are a quarter of it; returns the
-    batch rows the cache holds now. Rows do not interact, so the running rows compute what
-    they would have (a sampling step's cost falls with its rows: on the testbed's 4-layer
-    Llama 12.4 ms at 64 rows, 7.9 at 32), and the cache is copied only a few times per batch."""
-    running = unfinished[rows].bool()  # [b]
-    if running.sum() > COMPACT_BELOW * len(rows):
-        return rows
-    keep = running.nonzero().squeeze(1)
-    cache.keys = [k[keep] for k in cache.keys]
-    cache.values = [v[keep] for v in cache.values]
-    return rows[keep]

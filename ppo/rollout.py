@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import torch
 from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
 
-from . import lean_forward
+from . import lean_forward, lean_sampling
 from .policy import (context_length, declared_stop_token_ids, encode_prompts, left_pad, scoring_mode,
                      truncate_prompt)
 
@@ -175,8 +175,8 @@ def generate(
     query_ids, query_mask, truncated = encode_queries(tokenizer, prompts, max_prompt_length, prompt_truncation)
     query_ids, query_mask = query_ids.to(device), query_mask.to(device)
     if lean_forward.lean_backbone(model) is not None and top_k == 0 and top_p == 1.0:
-        # The same sampling rule through the lean KV-cached loop (ppo/lean_forward.py).
-        raw_response, logits = lean_forward.sample(model, query_ids, query_mask, max_new_tokens, stop_token_ids,
+        # The same sampling rule through the lean KV-cached loop (ppo/lean_sampling.py).
+        raw_response, logits = lean_sampling.sample(model, query_ids, query_mask, max_new_tokens, stop_token_ids,
                                                    tokenizer.pad_token_id, temperature, greedy, return_logits)
         response_ids, response_mask, has_eos = truncate_after_stop(raw_response, stop_token_ids,
                                                                    tokenizer.pad_token_id)

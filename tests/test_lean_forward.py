@@ -1,7 +1,7 @@
-"""The exact speed-ups leave results unchanged: the lean forward and sampling loop
-(`lean_forward`), the update's forward reused for old log-probs and values
-(`reuse_update_forward`), padding columns cut before a forward pass, and padding tokens
-skipped inside it (`padding_free`), and the policy and critic run as one pass
+"""The exact speed-ups leave results unchanged: the lean forward and its sampling loop
+(`lean_forward`; ppo/lean_forward.py, ppo/lean_sampling.py), the update's forward reused for
+old log-probs and values (`reuse_update_forward`), padding columns cut before a forward pass,
+padding tokens skipped inside it (`padding_free`), and the policy and critic run as one pass
 (`paired_critic_pass`)."""
 
 import copy

@@ -42,7 +42,7 @@ from torch import nn
 
 from . import batch_layouts
 from .batch_layouts import Packing, SharedPrompts, distinct_prompts
-from .model_pairs import Stacked, same_architecture
+from .model_pairs import Stacked, same_architecture, side_by_side
 
 LEAN_ATTRIBUTE = "_lean_forward_backbone"
 COMPILE_ATTRIBUTE = "_lean_forward_compiled"
@@ -137,7 +137,9 @@ def pair(policy: nn.Module, value_model: nn.Module | None) -> bool:
     """Mark `policy` to run its update passes together with `value_model`'s as one stacked
     pass (PPOConfig.paired_critic_pass, `paired_response_outputs`) when both are on the lean
     path with the same architecture, shapes and layout switches, not compiled; returns
-    whether they were paired. The mark is a plain attribute: state_dict never sees it."""
+    whether they were paired. The mark is a plain attribute: state_dict never sees it. Paired
+    backbones keep each parameter pair side by side in one tensor (`side_by_side`), so a pass
+    reads their stacked weights without copying them."""
     first = lean_backbone(policy)
     second = lean_backbone(value_model) if value_model is not None else None
     if first is None or second is None or first.__dict__.get(COMPILE_ATTRIBUTE):
@@ -146,6 +148,7 @@ def pair(policy: nn.Module, value_model: nn.Module | None) -> bool:
                                                    for k in (SHARE_ATTRIBUTE, PACK_ATTRIBUTE)):
         return False
     object.__setattr__(policy, PAIR_ATTRIBUTE, value_model)
+    side_by_side(first, second)  # each pass then reads the stacked weights without copying them
     return True
 
 

@@ -5,9 +5,9 @@ every step; for the small models of the testbed that costs as much as the arithm
 `sample` runs the model's layers through ppo/lean_forward.py with a key/value buffer per layer
 (compiled, every step has the same shapes and the unfilled positions are masked; eager, a step
 reads only the filled part), prefills each distinct prompt once, drops rows that have finished
-once they are a quarter of the cache, and draws each token with ``torch.multinomial`` on
-softmax(logits / T) for every row: `generate`'s rule, so a seed gives the same samples
-(tests/test_lean_forward.py).
+once they are a quarter of the cache, and draws each token from softmax(logits / T) for every
+row as ``torch.multinomial`` draws it (`_draw`): `generate`'s rule, so a seed gives the same
+samples (tests/test_lean_forward.py).
 """
 
 from __future__ import annotations
@@ -48,8 +48,9 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, max_new_tok
     finished and left the cache: `_drop_finished_rows`).
 
     The rule is `generate`'s with pure sampling: logits in float32 divided by the
-    temperature, softmax, one ``torch.multinomial`` draw per row per step (finished rows
-    draw too and are overwritten by pad), or argmax when greedy.
+    temperature, softmax, one ``torch.multinomial`` draw per row per step (`_draw`; finished
+    rows draw too and are overwritten by pad), or argmax when greedy. Non-finite logits are an
+    error, as they are for ``torch.multinomial``.
     """
     # Inference mode skips autograd's version counters and view tracking (a sampling batch of
     # the identical work: 23.3 vs 25.7 ms); its tensors are copied on the way out, so the
@@ -80,7 +81,9 @@ def _sample_loop(model, query_ids, query_mask, max_new_tokens, stop_token_ids, p
     positions = positions.masked_fill(query_mask == 0, 1)
     next_position = positions[:, -1:] + 1  # [B, 1]
     stops = torch.tensor(stop_token_ids, device=query_ids.device)
+    slots = torch.arange(capacity, device=query_ids.device)
     unfinished = torch.ones(batch, dtype=torch.long, device=query_ids.device)
+    finite = torch.ones((), dtype=torch.bool, device=query_ids.device)
     tokens, step_logits = [], []
     inputs = query_ids
     rows = torch.arange(batch, device=query_ids.device)  # the batch rows the cache holds, in order
@@ -90,46 +93,57 @@ def _sample_loop(model, query_ids, query_mask, max_new_tokens, stop_token_ids, p
         if step == 0:
             hidden = _prefill(backbone, query_ids, query_mask, positions, cache)
         else:  # one token into the static cache, attending over its filled part (compiled: all of it)
-            cache.slot = torch.tensor([width - 1], device=query_ids.device)
+            cache.slot = slots[width - 1:width]
             cache.filled = None if compiled else width
-            hidden = lean_forward.hidden_states(backbone, inputs, positions, key_mask[rows, :cache.filled], cache)
+            hidden = lean_forward.hidden_states(backbone, inputs, positions, key_mask[:, :cache.filled], cache)
         logits = model.lm_head(hidden[:, -1:]).squeeze(1).float()  # [b, V]: the rows still in the cache
         if len(rows) < batch:  # dropped rows (finished) get zero logits: they draw, and become pad
             logits = logits.new_zeros(batch, logits.shape[1]).index_copy_(0, rows, logits)  # [B, V]
         if return_logits:
             step_logits.append(logits)
-        if greedy:
-            new = logits.argmax(-1)
-        else:
-            # Every row draws, finished ones too: one uniform per row per step, as generate
-            # draws, so a seed gives the same samples whichever rows were dropped.
-            probs = torch.softmax(logits / temperature, dim=-1)
-            new = torch.multinomial(probs, num_samples=1).squeeze(1)
-        new = new * unfinished + pad_token_id * (1 - unfinished)
+        finite &= torch.isfinite(logits).all()
+        new = logits.argmax(-1) if greedy else _draw(logits if temperature == 1.0 else logits / temperature)
+        new = torch.where(unfinished.bool(), new, pad_token_id)
         tokens.append(new)
         unfinished = unfinished & ~torch.isin(new, stops)
-        if not unfinished.any() or step == max_new_tokens - 1:
+        running = int(unfinished.sum())  # the unfinished rows are all in the cache
+        if not running or step == max_new_tokens - 1:
             break
         key_mask[:, width] = 1
-        rows = _drop_finished_rows(cache, rows, unfinished)
+        rows, key_mask = _drop_finished_rows(cache, rows, unfinished, running, key_mask)
         inputs, positions = new[rows, None], next_position[rows]
         next_position = next_position + 1
+    if not finite:
+        raise ValueError("sampling: the logits hold inf or NaN (non-finite weights or activations); "
+                         "no token can be drawn from them")
     response = torch.stack(tokens, dim=1)  # [B, T]
     return response, (torch.stack(step_logits, dim=1) if return_logits else None)
+
+
+def _draw(logits: torch.Tensor) -> torch.Tensor:
+    """One token per row from softmax(`logits`): what ``torch.multinomial(probs, 1)`` computes
+    on the CPU (argmax of probs / q for q ~ Exp(1), drawn from the global generator), the same
+    samples for a seed, without the call's per-step input checks (two reductions and two reads
+    back each step; the loop checks its logits once, at the end) that cost 0.1 ms a step here."""
+    probs = torch.softmax(logits, dim=-1)
+    if probs.device.type != "cpu":  # another device's kernel draws differently: use it
+        return torch.multinomial(probs, num_samples=1).squeeze(1)
+    return (probs / torch.empty_like(probs).exponential_(1)).argmax(-1)
 
 
 COMPACT_BELOW = 0.75  # drop finished rows once the running ones are at most this share of the cache
 
 
-def _drop_finished_rows(cache: lean_forward.KVCache, rows: torch.Tensor, unfinished: torch.Tensor) -> torch.Tensor:
+def _drop_finished_rows(cache: lean_forward.KVCache, rows: torch.Tensor, unfinished: torch.Tensor, running: int,
+                        key_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Drop the cache rows of finished responses once they are a quarter of it; returns the
-    batch rows the cache holds now. Rows do not interact, so the running rows compute what
-    they would have (a sampling step's cost falls with its rows: on the testbed's 4-layer
-    Llama 12.4 ms at 64 rows, 7.9 at 32), and the cache is copied only a few times per batch."""
-    running = unfinished[rows].bool()  # [b]
-    if running.sum() > COMPACT_BELOW * len(rows):
-        return rows
-    keep = running.nonzero().squeeze(1)
+    batch rows the cache holds now and their key mask (`running` rows are unfinished). Rows do
+    not interact, so the running rows compute what they would have (a sampling step's cost
+    falls with its rows: on the testbed's 4-layer Llama 12.4 ms at 64 rows, 7.9 at 32), and
+    the cache is copied only a few times per batch."""
+    if running > COMPACT_BELOW * len(rows):
+        return rows, key_mask
+    keep = unfinished[rows].nonzero().squeeze(1)
     cache.keys = [k[keep] for k in cache.keys]
     cache.values = [v[keep] for v in cache.values]
-    return rows[keep]
+    return rows[keep], key_mask[keep]

@@ -7,6 +7,11 @@ of small kernels, so ppo/lean_forward.py runs a batch's update pass through both
 product into one batched product over the two models. `same_architecture` decides when that
 computes exactly what the two passes compute. The same idea as PyTorch's model-ensembling
 recipe (`torch.func.stack_module_state` with `vmap`).
+
+`side_by_side` stores each parameter pair in one ``[2, ...]`` tensor (each model's parameter a
+view of its half), so a pass reads the stacked weights as a view instead of copying them with
+``torch.stack`` (`_SideBySide`); a pair that is not stored so (a copy of one model, a model
+moved to another device) is stacked by copying, with the same result.
 """
 
 from __future__ import annotations
@@ -18,32 +23,85 @@ from torch import nn
 class Stacked:
     """Two backbones of the same architecture and shapes read as one (PPOConfig.paired_critic_pass).
 
-    A parameter reads as both models' stacked, ``[2, ...]``, through ``torch.stack`` (with
-    autograd: each model's gradient is its half of the stacked one's); a submodule holding
-    parameters as the pair of both; anything else (sizes, the activation, the rotary tables)
-    as the first model's, which `same_architecture` found equal to the second's. So the same
-    layer code (`_gpt2_hidden`, `_llama_hidden`) runs a batch whose first half goes through
-    the first model and second half through the second: the products become batched products
-    over the two (`_conv1d`, `_linear`), the norms apply each half's weights, and every other
-    kernel runs once over both halves.
+    A parameter reads as both models' stacked, ``[2, ...]`` (with autograd: each model's
+    gradient is its half of the stacked one's): a view when `side_by_side` stored the pair in
+    one tensor, else through ``torch.stack``; a submodule holding parameters as the pair of
+    both; anything else (sizes, the activation, the rotary tables) as the first model's, which
+    `same_architecture` found equal to the second's. So the same layer code (`_gpt2_hidden`,
+    `_llama_hidden`) runs a batch whose first half goes through the first model and second
+    half through the second: the products become batched products over the two (`_conv1d`,
+    `_linear`), the norms apply each half's weights, and every other kernel runs once over
+    both halves.
 
     The pair must compute alike (`same_architecture`): only the first model's plain
-    attributes are read."""
+    attributes are read. `views` maps a first-model parameter to its stacked view; the pair
+    at the top builds it once per pass (`stacked_views`) and hands it to its submodules."""
 
-    def __init__(self, first: nn.Module, second: nn.Module, markers: tuple[str, ...] = ()):
+    def __init__(self, first: nn.Module, second: nn.Module, markers: tuple[str, ...] = (),
+                 views: dict[int, torch.Tensor] | None = None):
         self._first, self._second = first, second
+        self._views = stacked_views(first, second) if views is None else views
         for name in markers:  # instance attributes read from the pair as from the first (ppo.lean_forward's switches)
             self.__dict__[name] = first.__dict__.get(name)
 
     def __getattr__(self, name: str):
         attribute = getattr(self._first, name)
         if isinstance(attribute, nn.Parameter):
-            return torch.stack([attribute, getattr(self._second, name)])
+            view = self._views.get(id(attribute))
+            return view if view is not None else torch.stack([attribute, getattr(self._second, name)])
         if isinstance(attribute, nn.ModuleList):
-            return [Stacked(a, b) for a, b in zip(attribute, getattr(self._second, name))]
+            return [Stacked(a, b, views=self._views) for a, b in zip(attribute, getattr(self._second, name))]
         if isinstance(attribute, nn.Module) and next(attribute.parameters(), None) is not None:
-            return Stacked(attribute, getattr(self._second, name))
+            return Stacked(attribute, getattr(self._second, name), views=self._views)
         return attribute
+
+
+def side_by_side(first: nn.Module, second: nn.Module) -> None:
+    """Store each parameter of `first` and its twin in `second` (same names and shapes:
+    `same_architecture`) in one new ``[2, ...]`` tensor, each parameter a view of its half.
+    The values, the Parameter objects (so optimizers and tied weights) and the state dicts
+    are unchanged; only where the numbers live moves, so that `Stacked` reads each pair's
+    stacked weights without a copy. A later ``load_state_dict`` copies into the views."""
+    with torch.no_grad():
+        for (_, a), (_, b) in zip(first.named_parameters(), second.named_parameters()):
+            both = torch.stack([a.detach(), b.detach()])
+            a.data, b.data = both[0], both[1]
+
+
+def _beside(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether `b` lies right after `a` in one storage, both contiguous (`side_by_side`)."""
+    return (a.is_contiguous() and b.is_contiguous() and a.shape == b.shape and a.dtype == b.dtype
+            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
+            and b.storage_offset() == a.storage_offset() + a.numel())
+
+
+class _SideBySide(torch.autograd.Function):
+    """Parameter pairs stored side by side read as their stacked ``[2, ...]`` views: the
+    forward copies nothing, and each model's gradient is its half of the view's gradient.
+    Inputs: the first model's parameters, then the second's, in the same order."""
+
+    @staticmethod
+    def forward(ctx, *parameters):
+        ctx.set_materialize_grads(False)
+        firsts = parameters[:len(parameters) // 2]
+        return tuple(a.detach().as_strided((2, *a.shape), (a.numel(), *a.stride()), a.storage_offset())
+                     for a in firsts)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return (tuple(None if g is None else g[0] for g in grads)
+                + tuple(None if g is None else g[1] for g in grads))
+
+
+def stacked_views(first: nn.Module, second: nn.Module) -> dict[int, torch.Tensor]:
+    """``{id(first-model parameter): [2, ...] view}`` for every pair stored side by side, made
+    by one `_SideBySide` call (one autograd node for the pass); other pairs are not in it."""
+    pairs = [(a, b) for (_, a), (_, b) in zip(first.named_parameters(), second.named_parameters()) if _beside(a, b)]
+    if not pairs:
+        return {}
+    views = _SideBySide.apply(*(a for a, _ in pairs), *(b for _, b in pairs))
+    views = (views,) if torch.is_tensor(views) else views  # one output comes back bare
+    return {id(a): view for (a, _), view in zip(pairs, views)}
 
 
 def _settings(module: nn.Module) -> dict:

@@ -146,10 +146,25 @@ def step_optimizers(accelerator, optimizers: list) -> None:
     scaler = getattr(accelerator, "scaler", None)
     for optimizer in optimizers:
         if scaler is None:
-            optimizer.step()
+            _step(optimizer)
         else:
             scaler.step(_raw(optimizer))
     if scaler is not None:
         scaler.update()
     for optimizer in optimizers:
         optimizer.zero_grad(set_to_none=True)
+
+
+def _step(optimizer) -> None:
+    """``optimizer.step()``, skipping accelerate's wrapper where all it would do is call the
+    torch optimizer's step (no loss scaler, no XLA all-reduce, gradients synchronised): the
+    wrapper looks up on every call whether an optional package is installed (0.1-0.2 ms a
+    step on the identical work)."""
+    from accelerate.optimizer import AcceleratedOptimizer
+    from accelerate.utils import DistributedType
+
+    if (type(optimizer) is AcceleratedOptimizer and optimizer.scaler is None and optimizer.gradient_state.sync_gradients
+            and optimizer.accelerator_state.distributed_type != DistributedType.XLA):
+        optimizer.optimizer.step()
+    else:
+        optimizer.step()

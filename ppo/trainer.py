@@ -234,6 +234,13 @@ class RLTrainer:
             if config.paired_critic_pass:  # one stacked update pass of policy and critic when their shapes match
                 lean_forward.pair(self.accelerator.unwrap_model(self.policy),
                                   self.accelerator.unwrap_model(self.value_model) if self.value_model is not None else None)
+        # Looked up once: the unwrapped policy (sampling, evaluation) and each model's parameters
+        # (gradient clipping, the finiteness guard); accelerate's unwrap and the module walk cost
+        # 0.2-0.3 ms a step each on the identical work. Parameters are never replaced (a
+        # checkpoint is loaded into them).
+        self.policy_module = self.accelerator.unwrap_model(self.policy)
+        self._model_parameters = [list(model.parameters()) if model is not None else []
+                            for model in (self.policy, self.value_model)]
         self.reuses_update_forward = (
             config.reuse_update_forward and not config.logprobs_from_generation
             and not any(lean_forward.dropout_active(m) for m in (self.policy, self.value_model) if m is not None))
@@ -263,7 +270,7 @@ class RLTrainer:
         """One RL iteration; returns this step's metrics."""
         cfg = self.config
         timer = PhaseTimer()
-        policy = self.accelerator.unwrap_model(self.policy)
+        policy = self.policy_module
         step_start = time.perf_counter()
 
         # ---- 1-2. rollout and score: G samples per prompt, contiguous -------------------
@@ -702,8 +709,7 @@ class RLTrainer:
         step down; with separate optimizers each model is clipped on its own norm.
         """
         cfg = self.config
-        policy_params = list(self.policy.parameters())
-        value_params = list(self.value_model.parameters()) if self.value_model is not None else []
+        policy_params, value_params = self._model_parameters
         # No clipping = clipping at infinity: the same call still unscales mixed-precision
         # gradients and returns the norm, and multiplies by 1.
         max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
@@ -792,8 +798,7 @@ class RLTrainer:
             problems = problems[: cfg.eval_size]
         shard = problems[distributed.rank()::distributed.world_size()]
         seed = distributed.rank_seed(cfg.seed, distributed.rank())
-        policy = self.accelerator.unwrap_model(self.policy)
-        metrics = evaluate(policy, self.tokenizer, self.task, cfg.response_length, temperature=1.0,
+        metrics = evaluate(self.policy_module, self.tokenizer, self.task, cfg.response_length, temperature=1.0,
                            seed=seed, problems=shard, gather=distributed.gather_objects)
         if hasattr(self.task, "extra_eval"):
             # Task-specific held-out metrics (e.g. gold reward and win rate against the SFT

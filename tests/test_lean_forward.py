@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from ppo import batch_layouts, lean_forward
+from ppo import batch_layouts, lean_forward, lean_sampling, model_pairs
 from ppo.config import PPOConfig, preset
 from ppo.logprobs import (_unpadded_inputs, response_logprobs, response_logprobs_and_values, response_values,
                           trim_padding)
@@ -60,6 +60,26 @@ def test_lean_sampling_gives_generates_samples_and_log_probs(char_tokenizer, arc
     lean_lp, lean_entropy = response_logprobs(lean, *args, with_entropy=True)
     lean_lp.sum().backward()  # gradients reach the model's own parameters
     assert all(p.grad is not None for p in lean.parameters() if p.requires_grad)
+
+
+def test_a_drawn_token_is_torch_multinomials_draw():
+    """`_draw` gives the token ``torch.multinomial(softmax(logits), 1)`` gives for a seed and
+    leaves the generator where it leaves it (so every later draw is the same too)."""
+    for trial, (rows, vocab, scale) in enumerate([(32, 18, 1.0), (64, 3000, 4.0), (1, 5, 0.1), (7, 100, 20.0)] * 5):
+        logits = torch.randn(rows, vocab) * scale
+        torch.manual_seed(trial)
+        expected, after = torch.multinomial(torch.softmax(logits, -1), 1).squeeze(1), torch.rand(3)
+        torch.manual_seed(trial)
+        got = lean_sampling._draw(logits)
+        assert torch.equal(got, expected) and torch.equal(torch.rand(3), after)
+
+
+def test_sampling_refuses_non_finite_logits(char_tokenizer):
+    _, lean = plain_and_lean(tiny("gpt2", char_tokenizer))
+    with torch.no_grad():
+        lean.transformer.h[0].mlp.c_fc.weight[0, 0] = float("nan")
+    with pytest.raises(ValueError, match="inf or NaN"):
+        generate(lean, char_tokenizer, PROMPTS[:3], 4)
 
 
 def test_sampling_steps_attend_over_the_filled_cache_only(char_tokenizer, monkeypatch):
@@ -504,13 +524,23 @@ def _paired_models(char_tokenizer, arch, dtype=torch.float32, padding_free=True)
     return models
 
 
+@pytest.mark.parametrize("stored", ["side_by_side", "apart"])
 @pytest.mark.parametrize("padding_free", [True, False])
 @pytest.mark.parametrize("arch", ["llama", "gpt2", "llama_gqa"])
-def test_paired_pass_is_the_two_passes_arithmetic(char_tokenizer, arch, padding_free, monkeypatch):
+def test_paired_pass_is_the_two_passes_arithmetic(char_tokenizer, arch, padding_free, stored, monkeypatch):
     """In float64 the paired pass of policy and critic gives the two passes' log-probs,
     entropies and values exactly here and their gradients to 1e-12, each model's reaching
-    its own parameters; its MLPs run once per layer over both models' tokens."""
+    its own parameters; its MLPs run once per layer over both models' tokens. The same
+    whether the pair's parameters lie side by side (read as views, as `pair` stores them)
+    or apart (stacked by copying)."""
     paired, paired_critic, policy, critic = _paired_models(char_tokenizer, arch, torch.float64, padding_free)
+    first, second = lean_forward.lean_backbone(paired), lean_forward.lean_backbone(paired_critic)
+    if stored == "apart":
+        with torch.no_grad():
+            for p in second.parameters():
+                p.data = p.data.clone()
+    views = model_pairs.stacked_views(first, second)
+    assert len(views) == (len(list(first.parameters())) if stored == "side_by_side" else 0)
     torch.manual_seed(3)
     rollout = generate(policy, char_tokenizer, ["12+35=", "1+2=", "99+99=", "7=", "3*4=", "10-9="], 6)
     response_mask = rollout.response_mask.clone()
@@ -535,6 +565,29 @@ def test_paired_pass_is_the_two_passes_arithmetic(char_tokenizer, arch, padding_
         for (name, a), b in zip(own.named_parameters(), twin.parameters()):
             assert a.grad is not None, name
             torch.testing.assert_close(a.grad, b.grad, atol=1e-12, rtol=0, msg=name)
+
+
+def test_paired_parameters_lie_side_by_side_with_their_values_kept(char_tokenizer):
+    """`pair` stores each parameter pair in one [2, ...] tensor: values, Parameter objects,
+    tied weights and state dicts unchanged; a paired pass reads each pair as a view of that
+    tensor (no copy); loading a state dict writes through to it."""
+    paired, paired_critic, policy, critic = _paired_models(char_tokenizer, "gpt2", torch.float32, True)
+    first, second = lean_forward.lean_backbone(paired), lean_forward.lean_backbone(paired_critic)
+    for own, twin in ((paired, policy), (paired_critic, critic)):
+        assert own.state_dict().keys() == twin.state_dict().keys()
+        assert all(torch.equal(a, b) for a, b in zip(own.state_dict().values(), twin.state_dict().values()))
+    assert paired.lm_head.weight is first.wte.weight  # still tied
+    views = model_pairs.stacked_views(first, second)
+    for (name, a), b in zip(first.named_parameters(), second.parameters()):
+        view = views[id(a)]
+        assert view.data_ptr() == a.data_ptr() and view.shape == (2, *a.shape), name  # a view, not a copy
+        assert torch.equal(view[0], a) and torch.equal(view[1], b), name
+    state = {k: v + 1 for k, v in policy.state_dict().items()}
+    paired.load_state_dict(state)
+    views = model_pairs.stacked_views(first, second)
+    assert len(views) == len(state) - 1  # lm_head.weight is wte.weight
+    assert torch.equal(views[id(first.wte.weight)][0], state["transformer.wte.weight"])
+    assert torch.equal(views[id(first.wte.weight)][1], critic.backbone.wte.weight)  # the critic's half untouched
 
 
 def test_policy_and_critic_pair_only_when_they_compute_alike(char_tokenizer, monkeypatch):

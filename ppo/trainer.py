@@ -804,7 +804,7 @@ class RLTrainer:
             # Task-specific held-out metrics (e.g. gold reward and win rate against the SFT
             # policy for the simulated-preference task); it reseeds, so every generator is restored.
             with preserve_rng_state():
-                extra = self.task.extra_eval(policy, self.tokenizer, shard, cfg.response_length, seed)
+                extra = self.task.extra_eval(self.policy_module, self.tokenizer, shard, cfg.response_length, seed)
             means = distributed.GlobalMeans()  # per-problem means: weight each shard by its size
             for name, value in extra.items():
                 means.add_weighted(name, value * len(shard), len(shard))

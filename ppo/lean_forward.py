@@ -138,7 +138,7 @@ def pair(policy: nn.Module, value_model: nn.Module | None) -> bool:
     pass (PPOConfig.paired_critic_pass, `paired_response_outputs`) when both are on the lean
     path with the same architecture, shapes and layout switches, not compiled; returns
     whether they were paired. The mark is a plain attribute: state_dict never sees it. Paired
-    backbones keep each parameter pair side by side in one tensor (`side_by_side`), so a pass
+    backbones keep their parameters in the two rows of one tensor (`side_by_side`), so a pass
     reads their stacked weights without copying them."""
     first = lean_backbone(policy)
     second = lean_backbone(value_model) if value_model is not None else None

@@ -8,10 +8,11 @@ product into one batched product over the two models. `same_architecture` decide
 computes exactly what the two passes compute. The same idea as PyTorch's model-ensembling
 recipe (`torch.func.stack_module_state` with `vmap`).
 
-`side_by_side` stores each parameter pair in one ``[2, ...]`` tensor (each model's parameter a
-view of its half), so a pass reads the stacked weights as a view instead of copying them with
-``torch.stack`` (`_SideBySide`); a pair that is not stored so (a copy of one model, a model
-moved to another device) is stacked by copying, with the same result.
+`side_by_side` stores the pair's parameters in one ``[2, N]`` tensor (the first model's in its
+first row, each twin at the same place in the second), so a pass reads each pair's stacked
+weights as a view of the two rows instead of copying them with ``torch.stack``
+(`_SideBySide`); a pair that is not stored so (a copy of one model, a model moved to another
+device) is stacked by copying, with the same result.
 """
 
 from __future__ import annotations
@@ -57,51 +58,66 @@ class Stacked:
 
 
 def side_by_side(first: nn.Module, second: nn.Module) -> None:
-    """Store each parameter of `first` and its twin in `second` (same names and shapes:
-    `same_architecture`) in one new ``[2, ...]`` tensor, each parameter a view of its half.
-    The values, the Parameter objects (so optimizers and tied weights) and the state dicts
-    are unchanged; only where the numbers live moves, so that `Stacked` reads each pair's
-    stacked weights without a copy. A later ``load_state_dict`` copies into the views."""
+    """Store the parameters of `first` and their twins in `second` (same names and shapes:
+    `same_architecture`) in one new ``[2, N]`` tensor per dtype: the first model's in its first
+    row, each twin in the second row at the same column, each parameter a view. The values,
+    the Parameter objects (so optimizers and tied weights) and the state dicts are unchanged,
+    and each model's parameters stay together in one block as after loading; only where the
+    numbers live moves, so that `Stacked` reads each pair's stacked weights as a view of the
+    two rows instead of a copy. A later ``load_state_dict`` copies into the views."""
+    pairs = list(zip((p for _, p in first.named_parameters()), (p for _, p in second.named_parameters())))
     with torch.no_grad():
-        for (_, a), (_, b) in zip(first.named_parameters(), second.named_parameters()):
-            both = torch.stack([a.detach(), b.detach()])
-            a.data, b.data = both[0], both[1]
+        for dtype in {a.dtype for a, _ in pairs}:
+            group = [(a, b) for a, b in pairs if a.dtype == dtype]
+            rows = torch.empty(2, sum(a.numel() for a, _ in group), dtype=dtype, device=group[0][0].device)
+            start = 0
+            for a, b in group:
+                both = rows[:, start:start + a.numel()]
+                both[0].copy_(a.reshape(-1))
+                both[1].copy_(b.reshape(-1))
+                a.data, b.data = both[0].view(a.shape), both[1].view(b.shape)
+                start += a.numel()
 
 
-def _beside(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether `b` lies right after `a` in one storage, both contiguous (`side_by_side`)."""
-    return (a.is_contiguous() and b.is_contiguous() and a.shape == b.shape and a.dtype == b.dtype
-            and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
-            and b.storage_offset() == a.storage_offset() + a.numel())
+def _twin_offset(a: torch.Tensor, b: torch.Tensor) -> int | None:
+    """How many elements after `a` its twin `b` starts in their shared storage, when both are
+    contiguous and do not overlap (`side_by_side`); None otherwise."""
+    if not (a.is_contiguous() and b.is_contiguous() and a.shape == b.shape and a.dtype == b.dtype
+            and a.device == b.device and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()):
+        return None
+    gap = b.storage_offset() - a.storage_offset()
+    return gap if gap >= a.numel() else None
 
 
 class _SideBySide(torch.autograd.Function):
-    """Parameter pairs stored side by side read as their stacked ``[2, ...]`` views: the
+    """Parameter pairs stored in one storage read as their stacked ``[2, ...]`` views: the
     forward copies nothing, and each model's gradient is its half of the view's gradient.
-    Inputs: the first model's parameters, then the second's, in the same order."""
+    Inputs: the offsets from each first-model parameter to its twin, then the first model's
+    parameters, then the second's, in the same order."""
 
     @staticmethod
-    def forward(ctx, *parameters):
+    def forward(ctx, gaps, *parameters):
         ctx.set_materialize_grads(False)
         firsts = parameters[:len(parameters) // 2]
-        return tuple(a.detach().as_strided((2, *a.shape), (a.numel(), *a.stride()), a.storage_offset())
-                     for a in firsts)
+        return tuple(a.detach().as_strided((2, *a.shape), (gap, *a.stride()), a.storage_offset())
+                     for a, gap in zip(firsts, gaps))
 
     @staticmethod
     def backward(ctx, *grads):
-        return (tuple(None if g is None else g[0] for g in grads)
+        return ((None,) + tuple(None if g is None else g[0] for g in grads)
                 + tuple(None if g is None else g[1] for g in grads))
 
 
 def stacked_views(first: nn.Module, second: nn.Module) -> dict[int, torch.Tensor]:
     """``{id(first-model parameter): [2, ...] view}`` for every pair stored side by side, made
     by one `_SideBySide` call (one autograd node for the pass); other pairs are not in it."""
-    pairs = [(a, b) for (_, a), (_, b) in zip(first.named_parameters(), second.named_parameters()) if _beside(a, b)]
+    pairs = [(a, b, gap) for (_, a), (_, b) in zip(first.named_parameters(), second.named_parameters())
+             if (gap := _twin_offset(a, b)) is not None]
     if not pairs:
         return {}
-    views = _SideBySide.apply(*(a for a, _ in pairs), *(b for _, b in pairs))
+    views = _SideBySide.apply(tuple(gap for _, _, gap in pairs), *(a for a, _, _ in pairs), *(b for _, b, _ in pairs))
     views = (views,) if torch.is_tensor(views) else views  # one output comes back bare
-    return {id(a): view for (a, _), view in zip(pairs, views)}
+    return {id(a): view for (a, _, _), view in zip(pairs, views)}
 
 
 def _settings(module: nn.Module) -> dict:

@@ -531,8 +531,8 @@ def test_paired_pass_is_the_two_passes_arithmetic(char_tokenizer, arch, padding_
     """In float64 the paired pass of policy and critic gives the two passes' log-probs,
     entropies and values exactly here and their gradients to 1e-12, each model's reaching
     its own parameters; its MLPs run once per layer over both models' tokens. The same
-    whether the pair's parameters lie side by side (read as views, as `pair` stores them)
-    or apart (stacked by copying)."""
+    whether the pair's parameters share one storage (read as views, as `pair` stores them)
+    or lie apart (stacked by copying)."""
     paired, paired_critic, policy, critic = _paired_models(char_tokenizer, arch, torch.float64, padding_free)
     first, second = lean_forward.lean_backbone(paired), lean_forward.lean_backbone(paired_critic)
     if stored == "apart":
@@ -567,10 +567,11 @@ def test_paired_pass_is_the_two_passes_arithmetic(char_tokenizer, arch, padding_
             torch.testing.assert_close(a.grad, b.grad, atol=1e-12, rtol=0, msg=name)
 
 
-def test_paired_parameters_lie_side_by_side_with_their_values_kept(char_tokenizer):
-    """`pair` stores each parameter pair in one [2, ...] tensor: values, Parameter objects,
-    tied weights and state dicts unchanged; a paired pass reads each pair as a view of that
-    tensor (no copy); loading a state dict writes through to it."""
+def test_paired_parameters_share_one_storage_with_their_values_kept(char_tokenizer):
+    """`pair` stores both models' parameters in the two rows of one [2, N] tensor: values,
+    Parameter objects, tied weights and state dicts unchanged, each model's parameters in one
+    block; a paired pass reads each pair as a view of the two rows (no copy); loading a state
+    dict writes through to it."""
     paired, paired_critic, policy, critic = _paired_models(char_tokenizer, "gpt2", torch.float32, True)
     first, second = lean_forward.lean_backbone(paired), lean_forward.lean_backbone(paired_critic)
     for own, twin in ((paired, policy), (paired_critic, critic)):
@@ -578,10 +579,17 @@ def test_paired_parameters_lie_side_by_side_with_their_values_kept(char_tokenize
         assert all(torch.equal(a, b) for a, b in zip(own.state_dict().values(), twin.state_dict().values()))
     assert paired.lm_head.weight is first.wte.weight  # still tied
     views = model_pairs.stacked_views(first, second)
+    storage = first.wte.weight.untyped_storage().data_ptr()
+    offset = 0
     for (name, a), b in zip(first.named_parameters(), second.parameters()):
         view = views[id(a)]
         assert view.data_ptr() == a.data_ptr() and view.shape == (2, *a.shape), name  # a view, not a copy
         assert torch.equal(view[0], a) and torch.equal(view[1], b), name
+        assert a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() == storage, name
+        assert a.storage_offset() == offset, name  # the first model's parameters one after another
+        offset += a.numel()
+    assert all(b.storage_offset() == a.storage_offset() + offset  # the second's in the second row
+               for a, b in zip(first.parameters(), second.parameters()))
     state = {k: v + 1 for k, v in policy.state_dict().items()}
     paired.load_state_dict(state)
     views = model_pairs.stacked_views(first, second)

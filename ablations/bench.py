@@ -43,7 +43,6 @@ from ppo import lean_forward
 from ppo.config import preset
 from ppo.dynamic_sampling import select_rollout
 from ppo.logprobs import response_logprobs, response_logprobs_and_values, response_values
-from ppo.model_pairs import side_by_side
 from ppo.trainer import adamw_kernel
 
 from .tables import markdown_table
@@ -216,10 +215,10 @@ def calls_alone(trainer, rollout) -> dict[str, float]:
             times["value_forward"] = _timed(lambda: response_values(trainer.value_model, *old_args))
     # The update on copies: forward + backward per micro-batch, an AdamW step per minibatch.
     # one deepcopy of both, so a paired policy's copy is paired with the critic's (PPOConfig.paired_critic_pass);
-    # copying stores each parameter on its own, so the pair is put side by side again, as `pair` keeps it
+    # copying stores each parameter on its own, so the copies are paired again to share one storage, as `pair` keeps them
     policy_copy, critic_copy = copy.deepcopy((policy, trainer.value_model))
     if critic_copy is not None and lean_forward.paired_critic(policy_copy, critic_copy):
-        side_by_side(lean_forward.lean_backbone(policy_copy), lean_forward.lean_backbone(critic_copy))
+        lean_forward.pair(policy_copy, critic_copy)
     params = list(policy_copy.parameters()) + (list(critic_copy.parameters()) if critic_copy is not None else [])
     optimizer = torch.optim.AdamW(params, lr=1e-12, **adamw_kernel([policy_copy, critic_copy]))  # the trainer's kernel
     micro = max(1, trainer.micro_batch_size(len(rollout)))

@@ -82,7 +82,7 @@ def _sample_loop(model, query_ids, query_mask, max_new_tokens, stop_token_ids, p
     next_position = positions[:, -1:] + 1  # [B, 1]
     stops = torch.tensor(stop_token_ids, device=query_ids.device)
     slots = torch.arange(capacity, device=query_ids.device)
-    unfinished = torch.ones(batch, dtype=torch.long, device=query_ids.device)
+    unfinished = torch.ones(batch, dtype=torch.bool, device=query_ids.device)
     finite = torch.ones((), dtype=torch.bool, device=query_ids.device)
     tokens, step_logits = [], []
     inputs = query_ids
@@ -103,7 +103,7 @@ def _sample_loop(model, query_ids, query_mask, max_new_tokens, stop_token_ids, p
             step_logits.append(logits)
         finite &= torch.isfinite(logits).all()
         new = logits.argmax(-1) if greedy else _draw(logits if temperature == 1.0 else logits / temperature)
-        new = torch.where(unfinished.bool(), new, pad_token_id)
+        new = torch.where(unfinished, new, pad_token_id)
         tokens.append(new)
         unfinished = unfinished & ~torch.isin(new, stops)
         running = int(unfinished.sum())  # the unfinished rows are all in the cache

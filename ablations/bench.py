@@ -43,7 +43,7 @@ from ppo import lean_forward
 from ppo.config import preset
 from ppo.dynamic_sampling import select_rollout
 from ppo.logprobs import response_logprobs, response_logprobs_and_values, response_values
-from ppo.trainer import adamw_kernel
+from ppo.optimization import adamw_kernel
 
 from .tables import markdown_table
 

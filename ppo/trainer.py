@@ -14,7 +14,8 @@ One iteration (`RLTrainer.train_step`) reads top to bottom in the order the algo
 GRPO is not a second trainer: it is this loop with ``advantage_estimator="grpo"`` (no critic
 is built), ``kl_placement="loss"`` and ``group_size > 1``. Everything that is not the
 algorithm lives in modules named for it (`ppo/checkpoints.py`, `ppo/run_dir.py`,
-`ppo/distributed.py`, `ppo/precision.py`) or in the helper methods below `train_step`.
+`ppo/distributed.py`, `ppo/precision.py`, `ppo/optimization.py`) or in the helper methods
+below `train_step`.
 """
 
 from __future__ import annotations
@@ -50,8 +51,8 @@ from .losses import entropy_loss, explained_variance, kl_loss, policy_loss, toke
 from .lora import AdapterDisabledReference, apply_lora
 from .policy import (declared_stop_token_ids, disable_dropout, enable_gradient_checkpointing, load_policy,
                      resolve_max_prompt_length, scoring_mode, set_training)
-from .precision import (cast_master_weights, clip_grad_norms, clip_scale, loss_scaling, master_dtype, prepare_frozen,
-                        step_optimizers)
+from .optimization import build_lr_scheduler, build_optimizers, optimizer_step
+from .precision import cast_master_weights, master_dtype, prepare_frozen
 from .rewards import (apply_missing_eos, clip_scores, format_reward, group_kimi_length_reward, length_reward_weight,
                       shape_rewards, whiten_rewards, whitening_gae_mask)
 from .rollout import Rollout, decode_responses, generate
@@ -87,35 +88,6 @@ class PhaseTimer:
 
 def _masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum() / mask.sum().clamp(min=1))
-
-
-def _trainable(model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """Parameters the optimizer updates (LoRA freezes the base weights: no Adam state for them)."""
-    return [p for p in model.parameters() if p.requires_grad]
-
-
-def adamw_kernel(models: list) -> dict:
-    """``{"fused": True}`` when torch's fused AdamW handles every trainable parameter (float
-    dtypes; one kernel per group: 0.7 instead of 2.9 ms per step for 0.8M parameters on this
-    project's 2-core CPU), else ``{"foreach": True}`` (one kernel per state tensor kind)."""
-    dtypes = {p.dtype for model in models if model is not None for p in _trainable(model)}
-    if dtypes <= {torch.float16, torch.bfloat16, torch.float32, torch.float64}:
-        return {"fused": True}
-    return {"foreach": True}
-
-
-def build_lr_scheduler(optimizer, schedule: str, warmup_steps: int, total_steps: int):
-    """transformers' schedule, advanced once per RL step (as AlpacaFarm does).
-
-    'linear' is `get_linear_schedule_with_warmup`, piecewise: lr * s / warmup for s < warmup
-    (step 0 trains at 0), the full lr at s = warmup, then linear to 0 at `total_steps`.
-    'constant' is `get_constant_schedule_with_warmup`.
-    """
-    from transformers import get_constant_schedule_with_warmup, get_linear_schedule_with_warmup
-
-    if schedule == "linear":
-        return get_linear_schedule_with_warmup(optimizer, warmup_steps, total_steps)
-    return get_constant_schedule_with_warmup(optimizer, warmup_steps)
 
 
 def build_task(config: PPOConfig, prompts: list[str] | None = None, reward_fn: Callable | None = None):
@@ -204,7 +176,7 @@ class RLTrainer:
                 attn_implementation=config.attn_implementation).eval().requires_grad_(False)
 
         # -- optimisers: the critic gets its own AdamW by default --------------------------
-        self.policy_optimizer, self.value_optimizer = self._build_optimizers(policy)
+        self.policy_optimizer, self.value_optimizer = build_optimizers(config, policy, self.value_model)
         self.schedulers = [build_lr_scheduler(opt, config.lr_schedule, config.warmup_steps, config.total_steps)
                            for opt in (self.policy_optimizer, self.value_optimizer) if opt is not None]
         prepared = self.accelerator.prepare(policy, *( [self.value_model] if self.value_model is not None else []),
@@ -677,62 +649,10 @@ class RLTrainer:
                 disable_dropout(policy)
         return policy
 
-    def _build_optimizers(self, policy):
-        cfg = self.config
-        # fused: AdamW's whole update in one kernel per parameter group instead of a loop
-        # over parameters, equal to the loop to float rounding (tested; foreach if a dtype has
-        # no fused kernel).
-        adam = dict(eps=cfg.adam_eps, weight_decay=cfg.weight_decay, **adamw_kernel([policy, self.value_model]))
-        if self.value_model is None:
-            return torch.optim.AdamW(_trainable(policy), lr=cfg.lr, **adam), None
-        value_lr = cfg.value_lr if cfg.value_lr is not None else cfg.lr
-        if cfg.separate_value_optimizer:
-            return (torch.optim.AdamW(_trainable(policy), lr=cfg.lr, **adam),
-                    torch.optim.AdamW(_trainable(self.value_model), lr=value_lr, **adam))
-        # One optimizer over both (AlpacaFarm, TRL); value_lr still applies to its group.
-        groups = [{"params": _trainable(policy), "lr": cfg.lr},
-                  {"params": _trainable(self.value_model), "lr": value_lr}]
-        return torch.optim.AdamW(groups, **adam), None
-
     def _optimizer_step(self, loss: float | None = None) -> dict[str, float]:
-        """Clip gradients, step the optimizer(s); return the gradient norms before clipping.
-
-        A non-finite `loss` (the minibatch's weighted loss) or gradient norm stops the run
-        before the step, and a non-finite weight after it (ppo/guards.py).
-
-        ``policy_grad_norm`` / ``value_grad_norm`` are each model's L2 gradient norm before
-        clipping; ``policy_grad_scale`` is the factor clipping multiplied the policy's
-        gradient by (1 = not clipped). With one shared optimizer (AlpacaFarm) the clip uses
-        the joint norm of both models, so a large critic gradient also scales the policy's
-        step down; with separate optimizers each model is clipped on its own norm.
-        """
-        cfg = self.config
-        policy_params, value_params = self._model_parameters
-        # No clipping = clipping at infinity: the same call still unscales mixed-precision
-        # gradients and returns the norm, and multiplies by 1.
-        max_norm = cfg.max_grad_norm if cfg.max_grad_norm is not None else math.inf
-        metrics = {}
-        optimizers = [o for o in (self.policy_optimizer, self.value_optimizer) if o is not None]
-        if value_params and self.value_optimizer is None:  # one optimizer: one joint norm (AlpacaFarm)
-            metrics["policy_grad_norm"], metrics["value_grad_norm"] = clip_grad_norms(
-                self.accelerator, optimizers, [policy_params, value_params], max_norm, joint=True)
-            scale = clip_scale(max_norm, math.hypot(metrics["policy_grad_norm"], metrics["value_grad_norm"]))
-        else:  # each model clipped on its own norm; fp16 gradients unscaled once for both
-            norms = clip_grad_norms(self.accelerator, optimizers, [policy_params] + ([value_params] if value_params else []),
-                                    max_norm)
-            metrics["policy_grad_norm"] = norms[0]
-            scale = clip_scale(max_norm, metrics["policy_grad_norm"])
-            if value_params:
-                metrics["value_grad_norm"] = norms[1]
-        metrics["policy_grad_scale"] = scale
-        # Before the step: a NaN loss or gradient would make every weight NaN. With fp16 loss
-        # scaling a non-finite gradient is an overflow the scaler answers (it skips this step
-        # and lowers its scale), so there only the loss is checked.
-        checked = {} if loss_scaling(self.accelerator) else {k: v for k, v in metrics.items() if k.endswith("grad_norm")}
-        guards.check_update(checked if loss is None else {"loss": loss, **checked}, self.step + 1)
-        step_optimizers(self.accelerator, optimizers)
-        guards.check_parameters(policy_params + value_params, self.step + 1)
-        return metrics
+        """Clip, guard and step (ppo/optimization.py); the gradient norms before clipping."""
+        return optimizer_step(self.accelerator, self.policy_optimizer, self.value_optimizer, self._model_parameters,
+                              self.config.max_grad_norm, self.step + 1, loss)
 
     def _whiten_minibatch_advantages(self, micro_batches: list[dict]) -> list[dict]:
         advantages = torch.cat([m["advantages"] for m in micro_batches])

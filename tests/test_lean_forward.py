@@ -18,7 +18,8 @@ from ppo.logprobs import (_unpadded_inputs, response_logprobs, response_logprobs
 from ppo.rollout import generate
 from ppo.tiny_model import TinyModelConfig, build_tiny_model
 from ppo import trainer as trainer_module
-from ppo.trainer import RLTrainer, adamw_kernel
+from ppo.optimization import adamw_kernel
+from ppo.trainer import RLTrainer
 from value_model import ScalarHeadModel
 
 PROMPTS = ["12+35=", "1+2=", "99+99=", "7=", "3*4=", "10-9="] * 4

@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+import ppo.optimization as optimization_module
 import ppo.trainer as trainer_module
 from ppo.cli import build_parser, config_from_args
 from ppo.config import PPOConfig, preset
@@ -77,7 +78,7 @@ def test_fp16_with_separate_value_optimizer_matches_fp32(tmp_path, tiny_model_di
     """One loss scaler, unscaled once for both optimizers: the update completes and points
     where the fp32 update points (same rollout, gradients compared after unscaling)."""
     captured = {}
-    real_generate, real_step = trainer_module.generate, trainer_module.step_optimizers
+    real_generate, real_step = trainer_module.generate, optimization_module.step_optimizers
 
     def capture_step(accelerator, optimizers):
         captured[tag] = [torch.cat([p.grad.flatten().float() for p in group["params"] if p.grad is not None])
@@ -90,7 +91,7 @@ def test_fp16_with_separate_value_optimizer_matches_fp32(tmp_path, tiny_model_di
         return captured["rollout"]
 
     monkeypatch.setattr(trainer_module, "generate", replay_generate)
-    monkeypatch.setattr(trainer_module, "step_optimizers", capture_step)
+    monkeypatch.setattr(optimization_module, "step_optimizers", capture_step)
     tag = "fp32"
     fp32 = run(tmp_path / "fp32", tiny_model_dir, separate_value_optimizer=True, lr=1e-3)
     fp32.train_step()

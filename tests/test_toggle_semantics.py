@@ -137,7 +137,7 @@ def test_accumulation_over_micro_batches_equals_the_full_batch(loss_agg, skip_em
 
 # ---------------------------------------------------------------- 4. learning-rate schedule
 def test_linear_warmup_is_piecewise_like_transformers():
-    from ppo.trainer import build_lr_scheduler
+    from ppo.optimization import build_lr_scheduler
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     scheduler = build_lr_scheduler(optimizer, "linear", warmup_steps=5, total_steps=250)

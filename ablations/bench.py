@@ -20,9 +20,12 @@ throughput this machine reaches, both measured in the same run:
   steps.
 
 ``step / floor`` therefore says how far the loop is from the hardware, plumbing and
-elementwise work included. A second table keeps the per-phase view: each phase's time in
-the step next to the same model call timed alone on the same batch (an optimizer step on
-a copy included), which shows the loop's own glue.
+elementwise work included. To split that distance, a few more steps run with every matrix
+product timed inside them (`ProductTimer`): the products the step really runs, their time
+and FLOPs (``products / floor`` is how far the products alone are from the floor; the rest
+of the step is elementwise work and plumbing). A second table keeps the per-phase view:
+each phase's time in the step next to the same model call timed alone on the same batch
+(an optimizer step on a copy included), which shows the loop's own glue.
 
     python -m ablations bench [--steps 8] [--presets alpacafarm grpo] [--identical-work MODEL_DIR]
 """
@@ -37,7 +40,8 @@ import time
 from collections import defaultdict
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from ppo import lean_forward
 from ppo.config import preset
@@ -192,6 +196,77 @@ def matmul_throughput(policy, tokens: int, repeats: int = 20) -> float:
     return best
 
 
+# ---- the matrix products a step really runs ----------------------------------------------------
+_PRODUCTS = {torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.baddbmm,
+             torch.ops.aten.matmul, torch.ops.aten.linear}
+_ATTENTION = {torch.ops.aten._scaled_dot_product_flash_attention_for_cpu, torch.ops.aten.scaled_dot_product_attention}
+_ATTENTION_BACKWARD = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward
+
+
+def _product_flops(packet, args, out) -> int | None:
+    """FLOPs of one matrix product (2 m n k), or of an attention kernel counted as its
+    products (torch's formulas), forward or backward; None for anything else. Without
+    autograd (the sampler's inference mode) ``linear``, ``matmul`` and attention arrive
+    whole, with autograd as the products they decompose into: each is seen once."""
+    if packet in _PRODUCTS:
+        first = args[1] if packet in (torch.ops.aten.addmm, torch.ops.aten.baddbmm) else args[0]
+        return 2 * out.numel() * first.shape[-1]  # out [.., m, n] from [.., m, k] x [.., k, n]
+    if packet in _ATTENTION:  # (query, key, value, ...)
+        return sdpa_flop_count(args[0].shape, args[1].shape, args[2].shape)
+    if packet is _ATTENTION_BACKWARD:  # (grad_out, query, key, value, ...)
+        return sdpa_backward_flop_count(args[0].shape, args[1].shape, args[2].shape, args[3].shape)
+    return None
+
+
+class ProductTimer(TorchDispatchMode):
+    """Times every matrix product run under it and counts its FLOPs.
+
+    Every linear layer, attention's two products on the lean path and their backward passes
+    are ``mm``, ``addmm``, ``bmm``, ``baddbmm``, ``matmul`` or ``linear`` calls (2 m n k
+    FLOPs each); the fused attention kernel (the sampler's one-token steps, a module call's
+    attention) counts as its products, as the floor counts attention. Each product is timed
+    around its own call, so what the mode adds between operators (a Python call each) is
+    outside `seconds`; it still lets the second thread and the caches cool between products,
+    so `seconds` is if anything longer than in a plain step.
+
+    >>> with ProductTimer() as timer:
+    ...     _ = torch.ones(4, 3) @ torch.ones(3, 5)
+    >>> timer.flops, timer.calls
+    (120, 1)
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.seconds, self.flops, self.calls = 0.0, 0, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        start = time.perf_counter()
+        out = func(*args, **kwargs)
+        elapsed = time.perf_counter() - start
+        flops = _product_flops(func.overloadpacket, args, out)
+        if flops is not None:
+            self.seconds += elapsed
+            self.flops += flops
+            self.calls += 1
+        return out
+
+
+def step_products(trainer, steps: int) -> dict[str, float]:
+    """The matrix products of `steps` more training steps (median per step): their time
+    (``seconds``), FLOPs and calls. Where these exceed the floor's FLOPs the step runs work
+    the floor leaves out (padding of sampling rows, the old policy's pass with several epochs);
+    where their time exceeds the floor the products run below the best shape's rate."""
+    per_step = []
+    for _ in range(steps):
+        with ProductTimer() as timer:
+            trainer.train_step()
+        per_step.append(timer)
+    return {"seconds": statistics.median(t.seconds for t in per_step),
+            "flops": statistics.median(t.flops for t in per_step),
+            "calls": statistics.median(t.calls for t in per_step)}
+
+
 # ---- model calls alone (the second table) --------------------------------------------------------
 def calls_alone(trainer, rollout) -> dict[str, float]:
     """Each model call of one step timed alone on the step's own batch (seconds)."""
@@ -241,7 +316,7 @@ def calls_alone(trainer, rollout) -> dict[str, float]:
 
 
 # ---- one configuration -----------------------------------------------------------------------
-def bench_config(name: str, config, task=None, steps: int = 8, warmup: int = 2) -> dict:
+def bench_config(name: str, config, task=None, steps: int = 8, warmup: int = 2, product_steps: int = 2) -> dict:
     from ppo.trainer import RLTrainer
 
     trainer = RLTrainer(config, task=task)
@@ -266,6 +341,7 @@ def bench_config(name: str, config, task=None, steps: int = 8, warmup: int = 2) 
             flops[key].append(value)
         for key, value in calls_alone(trainer, captured["rollout"]).items():
             alone[key].append(value)
+    products = step_products(trainer, product_steps)  # after the timed steps: the mode slows the rest of a step
     tokens = int(captured["rollout"].query_mask.sum() + captured["rollout"].response_mask.sum())
     throughput = matmul_throughput(trainer.accelerator.unwrap_model(trainer.policy), tokens)
     flops_median = {k: statistics.median(v) for k, v in flops.items()}
@@ -274,7 +350,7 @@ def bench_config(name: str, config, task=None, steps: int = 8, warmup: int = 2) 
     return {
         "name": name, "step": step, "floor": floor, "ratio": step / floor, "throughput": throughput,
         "flops": flops_median, "phases": {p: statistics.median(v) for p, v in phase_times.items()},
-        "alone": {k: statistics.median(v) for k, v in alone.items()},
+        "alone": {k: statistics.median(v) for k, v in alone.items()}, "products": products,
     }
 
 
@@ -294,9 +370,13 @@ def bench_identical_work(kind: str, model_path: str, steps: int, warmup: int = 4
 
 def format_bench(results: list[dict]) -> str:
     totals = markdown_table(
-        ["setting", "step (s)", "floor (s)", "step / floor", "GFLOP per step", "matmul GFLOP/s"],
+        ["setting", "step (s)", "floor (s)", "step / floor", "GFLOP per step", "matmul GFLOP/s",
+         "products in the step (s)", "their GFLOP", "their GFLOP/s", "products / floor"],
         [[r["name"], f"{r['step']:.4f}", f"{r['floor']:.4f}", f"{r['ratio']:.1f}",
-          f"{sum(r['flops'].values()) / 1e9:.2f}", f"{r['throughput'] / 1e9:.0f}"] for r in results])
+          f"{sum(r['flops'].values()) / 1e9:.2f}", f"{r['throughput'] / 1e9:.0f}",
+          f"{r['products']['seconds']:.4f}", f"{r['products']['flops'] / 1e9:.2f}",
+          f"{r['products']['flops'] / r['products']['seconds'] / 1e9:.0f}", f"{r['products']['seconds'] / r['floor']:.1f}"]
+         for r in results])
     phases = []
     for r in results:
         for phase in PHASES:

@@ -4,8 +4,8 @@ from types import SimpleNamespace
 
 import torch
 
-from ablations.bench import (calls_alone, floor_flops, format_bench, length_groups, matmul_throughput, model_flops,
-                             real_sequences, sequence_flops)
+from ablations.bench import (ProductTimer, calls_alone, floor_flops, format_bench, length_groups, matmul_throughput,
+                             model_flops, real_sequences, sequence_flops, step_products)
 from ppo.config import PPOConfig
 from ppo.dynamic_sampling import select_rollout
 from ppo.rollout import Rollout
@@ -130,7 +130,49 @@ class _NullTimer:
 def test_format_bench_reports_ratio_and_phases():
     result = {"name": "x", "step": 2.0, "floor": 0.5, "ratio": 4.0, "throughput": 1e11,
               "flops": {"generate": 1e9, "update": 3e9}, "phases": {"generate": 0.5, "update": 1.2},
-              "alone": {"generate": 0.4, "update": 1.0}}
+              "alone": {"generate": 0.4, "update": 1.0}, "products": {"seconds": 0.75, "flops": 6e9, "calls": 10}}
     text = format_bench([result])
-    assert "| x | 2.0000 | 0.5000 | 4.0 | 4.00 | 100 |" in text
+    # products: 6 GFLOP in 0.75 s = 8 GFLOP/s, 1.5x the floor's 0.5 s
+    assert "| x | 2.0000 | 0.5000 | 4.0 | 4.00 | 100 | 0.7500 | 6.00 | 8 | 1.5 |" in text
     assert "| x | update | 1.2000 | 1.0000 | 3.000 |" in text
+
+
+def test_products_are_timed_and_counted_by_hand():
+    """2 m n k per product, forward and backward: a linear layer's forward (addmm) and its
+    two backward products (the input's and the weight's gradient), a plain product and a
+    batched one; without autograd (the sampler's inference mode) a linear layer and the
+    fused attention arrive whole and count once; elementwise work is not a product."""
+    layer = torch.nn.Linear(3, 6)
+    x = torch.ones(2, 7, 3, requires_grad=True)  # 14 rows
+    query, keys = torch.ones(1, 2, 1, 4), torch.ones(1, 2, 5, 4)  # 1 row, 2 heads, 1 query, 5 keys, 4 dims
+    with ProductTimer() as timer:
+        _ = torch.ones(4, 3) @ torch.ones(3, 5)  # 2 * 4 * 3 * 5 = 120
+        layer(x).relu().sum().backward()  # 3 x 2 * 14 * 3 * 6 = 1512
+        _ = torch.baddbmm(torch.zeros(2, 4, 5), torch.ones(2, 4, 3), torch.ones(2, 3, 5))  # 2 * 2 * 4 * 3 * 5 = 240
+        _ = torch.ones(100).exp()
+        with torch.inference_mode():
+            _ = layer(torch.ones(5, 3))  # 2 * 5 * 3 * 6 = 180
+            # scores 2 * (2 heads) * 1 * 4 * 5 = 80, then weights x values 80 more
+            _ = torch.nn.functional.scaled_dot_product_attention(query, keys, keys)
+    assert (timer.flops, timer.calls) == (120 + 1512 + 240 + 180 + 160, 7)
+    assert timer.seconds > 0
+
+
+def test_a_steps_products_are_at_least_its_floor(tmp_path, tiny_model_dir):
+    """The floor counts only the unavoidable products on real tokens, so the products a real
+    step runs (timed inside it) hold at least as many FLOPs; the step still trains under the timer."""
+    config = PPOConfig(model_path=str(tiny_model_dir), output_dir=str(tmp_path), rollout_batch_size=8, response_length=8,
+                       progress=False, value_init="policy", eval_every=0, ppo_epochs=2, num_minibatches=2)
+    trainer = RLTrainer(config)
+    captured = {}
+    sample_and_score = trainer._sample_and_score
+
+    def capture(*args, **kwargs):
+        captured["batch"] = sample_and_score(*args, **kwargs)
+        return captured["batch"]
+
+    trainer._sample_and_score = capture
+    products = step_products(trainer, steps=1)
+    assert trainer.step == 1
+    assert products["flops"] >= sum(floor_flops(trainer, captured["batch"].rollout).values())
+    assert products["calls"] > 0 and products["seconds"] > 0

@@ -134,14 +134,16 @@ def test_format_bench_reports_ratio_and_phases():
     text = format_bench([result])
     # products: 6 GFLOP in 0.75 s = 8 GFLOP/s, 1.5x the floor's 0.5 s
     assert "| x | 2.0000 | 0.5000 | 4.0 | 4.00 | 100 | 0.7500 | 6.00 | 8 | 1.5 |" in text
+    unmeasured = format_bench([{**result, "products": None}])  # a GPU run: no products read off the CPU profiler
+    assert "| x | 2.0000 | 0.5000 | 4.0 | 4.00 | 100 | - | - | - | - |" in unmeasured
     assert "| x | update | 1.2000 | 1.0000 | 3.000 |" in text
 
 
 def test_products_are_timed_and_counted_by_hand():
     """2 m n k per product, forward and backward: a linear layer's forward (addmm) and its
     two backward products (the input's and the weight's gradient), a plain product and a
-    batched one; without autograd (the sampler's inference mode) a linear layer and the
-    fused attention arrive whole and count once; elementwise work is not a product."""
+    batched one, a linear layer in inference mode (the sampler's) and the fused attention
+    kernel as its two products, each counted once; elementwise work is not a product."""
     layer = torch.nn.Linear(3, 6)
     x = torch.ones(2, 7, 3, requires_grad=True)  # 14 rows
     query, keys = torch.ones(1, 2, 1, 4), torch.ones(1, 2, 5, 4)  # 1 row, 2 heads, 1 query, 5 keys, 4 dims

@@ -314,7 +314,7 @@ def calls_alone(trainer, rollout) -> dict[str, float]:
 
 
 # ---- one configuration -----------------------------------------------------------------------
-def bench_config(name: str, config, task=None, steps: int = 8, warmup: int = 2, product_steps: int = 2) -> dict:
+def bench_config(name: str, config, task=None, steps: int = 8, warmup: int = 2, product_steps: int = 3) -> dict:
     from ppo.trainer import RLTrainer
 
     trainer = RLTrainer(config, task=task)

@@ -51,6 +51,7 @@ from ppo.optimization import adamw_kernel
 
 from .tables import markdown_table
 
+PRODUCT_STEPS = 3  # steps after the timed ones whose matrix products are read off the profiler
 PHASES = ("generate", "score", "policy_forward", "reference_forward", "value_forward", "rewards", "advantages", "update")
 
 
@@ -314,7 +315,8 @@ def calls_alone(trainer, rollout) -> dict[str, float]:
 
 
 # ---- one configuration -----------------------------------------------------------------------
-def bench_config(name: str, config, task=None, steps: int = 8, warmup: int = 2, product_steps: int = 3) -> dict:
+def bench_config(name: str, config, task=None, steps: int = 8, warmup: int = 2,
+                 product_steps: int = PRODUCT_STEPS) -> dict:
     from ppo.trainer import RLTrainer
 
     trainer = RLTrainer(config, task=task)
@@ -364,7 +366,7 @@ def bench_identical_work(kind: str, model_path: str, steps: int, warmup: int = 4
     from .speed import AdditionTask, config_for
 
     with tempfile.TemporaryDirectory() as tmp:
-        config = config_for(kind, model_path, 42, warmup + steps, tmp)
+        config = config_for(kind, model_path, 42, warmup + steps + PRODUCT_STEPS, tmp)  # every step it runs
         return bench_config(f"identical work: {kind}", config, task=AdditionTask(), steps=steps, warmup=warmup)
 
 

@@ -76,18 +76,19 @@ def demonstration_batch(tokenizer, problems) -> tuple[torch.Tensor, torch.Tensor
 
     The target is the demonstration followed by EOS, so the model learns to stop.
     """
-    prompt_ids = encode_prompts(tokenizer, [p.prompt for p in problems])
-    sequences, label_rows = [], []
-    for ids, problem in zip(prompt_ids, problems):
+    for problem in problems:
         if problem.demonstration is None:
             raise ValueError(f"problem {problem.prompt!r} has no demonstration to train on")
-        response = tokenizer(problem.demonstration, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    prompt_ids = encode_prompts(tokenizer, [p.prompt for p in problems])
+    # one tokenizer call for the batch's demonstrations (the same ids as one call each)
+    responses = tokenizer([p.demonstration for p in problems], add_special_tokens=False)["input_ids"]
+    sequences, label_rows = [], []
+    for ids, response in zip(prompt_ids, responses):
+        response = list(response) + [tokenizer.eos_token_id]
         sequences.append(ids + response)
         label_rows.append([-100] * len(ids) + response)
     input_ids, attention_mask = left_pad(sequences, tokenizer.pad_token_id)
-    labels = torch.full_like(input_ids, -100)
-    for row, target in enumerate(label_rows):
-        labels[row, input_ids.shape[1] - len(target):] = torch.tensor(target)
+    labels, _ = left_pad(label_rows, -100)  # -100 on the prompt and the padding
     return input_ids, attention_mask, labels
 
 

@@ -17,7 +17,18 @@ def test_demonstration_batch_labels_only_the_response(char_tokenizer):
     response_ids = labels[0][labels[0] != -100][:-1].tolist()
     assert char_tokenizer.decode(response_ids) == "1+2=3;#3"
     assert mask.sum(-1).tolist() == [1 + 4 + 9, 1 + 6 + 4]
+    # row 1: 3 padding columns, bos + 6 prompt chars, then its 3 response chars + eos as their own labels
+    assert input_ids[1, :3].tolist() == [char_tokenizer.pad_token_id] * 3
+    assert labels[1, :10].tolist() == [-100] * 10
+    assert labels[1, 10:].tolist() == input_ids[1, 10:].tolist()
+    assert char_tokenizer.decode(labels[1, 10:-1].tolist()) == "#30"
 
+
+
+def test_a_problem_without_a_demonstration_is_named(char_tokenizer):
+    problems = [Problem("1+2=", "3", demonstration="#3"), Problem("7+1=", "8")]
+    with pytest.raises(ValueError, match=r"problem '7\+1=' has no demonstration"):
+        demonstration_batch(char_tokenizer, problems)
 
 def test_sft_is_deterministic_for_a_seed():
     model_a, _ = train_sft(SFTConfig(seed=3, **SMALL), progress=False)

@@ -34,14 +34,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import math
 import statistics
 import tempfile
 import time
 from collections import defaultdict
 
 import torch
-from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+from torch.utils.flop_counter import (FlopCounterMode, addmm_flop, baddbmm_flop, bmm_flop, mm_flop,
+                                     sdpa_backward_flop_count, sdpa_flop_count)
 
 from ppo import lean_forward
 from ppo.config import preset
@@ -157,7 +157,7 @@ def _old_pass_rows(trainer, rollout):
 def floor_flops(trainer, rollout) -> dict[str, int]:
     """FLOPs of the passes one step of `trainer`'s config cannot avoid, on `rollout`."""
     cfg = trainer.config
-    policy = trainer.accelerator.unwrap_model(trainer.policy)
+    policy = trainer.policy_module
     critic = trainer.accelerator.unwrap_model(trainer.value_model) if trainer.value_model is not None else None
     # Generation runs every real token but the last once (the same count as a scoring pass).
     policy_forward = sequence_flops(policy, rollout, backward=False)
@@ -198,23 +198,22 @@ def matmul_throughput(policy, tokens: int, repeats: int = 20) -> float:
 
 
 # ---- the matrix products a step really runs ----------------------------------------------------
-_PRODUCTS = {"aten::mm": 0, "aten::bmm": 0, "aten::addmm": 1, "aten::baddbmm": 1}  # kernel: index of its first factor
-_ATTENTION = "aten::_scaled_dot_product_flash_attention_for_cpu"
-_ATTENTION_BACKWARD = "aten::_scaled_dot_product_flash_attention_for_cpu_backward"
+# torch's own formulas (those `FlopCounterMode` counts the floor with), by the kernel's input shapes
+_FORMULAS = {"aten::mm": (mm_flop, 2), "aten::addmm": (addmm_flop, 3), "aten::bmm": (bmm_flop, 2),
+             "aten::baddbmm": (baddbmm_flop, 3),
+             # the fused CPU attention kernel as its products: (query, key, value, ...)
+             "aten::_scaled_dot_product_flash_attention_for_cpu": (sdpa_flop_count, 3),
+             # (grad_out, query, key, value, ...)
+             "aten::_scaled_dot_product_flash_attention_for_cpu_backward": (sdpa_backward_flop_count, 4)}
 
 
 def _product_flops(name: str, shapes: list) -> int | None:
-    """FLOPs of one matrix-product kernel from its input shapes (2 m n k; a batched one times
-    its batch), or of the fused CPU attention kernel counted as its products (torch's
-    formulas), forward or backward; None for any other operator."""
-    if name in _PRODUCTS:
-        first, second = shapes[_PRODUCTS[name]], shapes[_PRODUCTS[name] + 1]  # [.., m, k] x [.., k, n]
-        return 2 * math.prod(first) * second[-1]
-    if name == _ATTENTION:  # (query, key, value, ...)
-        return sdpa_flop_count(shapes[0], shapes[1], shapes[2])
-    if name == _ATTENTION_BACKWARD:  # (grad_out, query, key, value, ...)
-        return sdpa_backward_flop_count(shapes[0], shapes[1], shapes[2], shapes[3])
-    return None
+    """FLOPs of one matrix-product kernel (or of the fused CPU attention kernel, counted as
+    its products), forward or backward, from its input shapes; None for any other operator."""
+    if name not in _FORMULAS:
+        return None
+    formula, inputs = _FORMULAS[name]
+    return formula(*shapes[:inputs])
 
 
 class ProductTimer:
@@ -271,7 +270,7 @@ def step_products(trainer, steps: int) -> dict[str, float]:
 def calls_alone(trainer, rollout) -> dict[str, float]:
     """Each model call of one step timed alone on the step's own batch (seconds)."""
     cfg = trainer.config
-    policy = trainer.accelerator.unwrap_model(trainer.policy)
+    policy = trainer.policy_module
     from ppo.rollout import generate
 
     times = {}
@@ -346,7 +345,7 @@ def bench_config(name: str, config, task=None, steps: int = 8, warmup: int = 2,
     # kernel's own time on the host is not its time on the device)
     products = step_products(trainer, product_steps) if trainer.device.type == "cpu" else None
     tokens = int(captured["rollout"].query_mask.sum() + captured["rollout"].response_mask.sum())
-    throughput = matmul_throughput(trainer.accelerator.unwrap_model(trainer.policy), tokens)
+    throughput = matmul_throughput(trainer.policy_module, tokens)
     flops_median = {k: statistics.median(v) for k, v in flops.items()}
     floor = sum(flops_median.values()) / throughput
     step = statistics.median(step_times)

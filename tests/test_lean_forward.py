@@ -599,6 +599,44 @@ def test_paired_parameters_share_one_storage_with_their_values_kept(char_tokeniz
     assert torch.equal(views[id(first.wte.weight)][1], critic.backbone.wte.weight)  # the critic's half untouched
 
 
+def test_stacked_views_follow_parameters_that_move_or_are_replaced(char_tokenizer):
+    """`stacked_views` keeps its plan of the pair's twins from pass to pass, and makes a new one
+    when a twin's data moves or a parameter object is replaced: a view then never reads
+    memory the model no longer uses, and the paired pass still gives the two passes' numbers."""
+    paired, paired_critic, policy, critic = _paired_models(char_tokenizer, "gpt2", torch.float64, True)
+    first, second = lean_forward.lean_backbone(paired), lean_forward.lean_backbone(paired_critic)
+    count = len(list(first.parameters()))
+    assert len(model_pairs.stacked_views(first, second)) == count
+    plan = model_pairs._TWIN_PLANS[first]
+    assert len(model_pairs.stacked_views(first, second)) == count and model_pairs._TWIN_PLANS[first] is plan  # kept
+    torch.manual_seed(3)
+    rollout = generate(policy, char_tokenizer, ["12+35=", "1+2=", "99+99="], 5)
+    args = (rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.response_mask)
+    mask = rollout.response_mask.bool()
+
+    def check():
+        got, expected = (response_logprobs_and_values(p, c, *args) for p, c in ((paired, paired_critic), (policy, critic)))
+        for name in ("logprobs", "values"):
+            torch.testing.assert_close(got[name][mask], expected[name][mask], atol=1e-12, rtol=0, msg=name)
+
+    # a parameter object replaced (as `load_state_dict(..., assign=True)` does): its pair is stacked by copying
+    with torch.no_grad():
+        second.ln_f.weight = torch.nn.Parameter(second.ln_f.weight + 0.5)
+        critic.backbone.ln_f.weight += 0.5
+    views = model_pairs.stacked_views(first, second)
+    assert len(views) == count - 1 and id(first.ln_f.weight) not in views
+    check()
+    # every twin's data moved: nothing is side by side any more
+    with torch.no_grad():
+        for p in second.parameters():
+            p.data = p.data.clone()
+            p.add_(0.25)
+        for p in critic.backbone.parameters():
+            p.add_(0.25)
+    assert model_pairs.stacked_views(first, second) == {}
+    check()
+
+
 def test_policy_and_critic_pair_only_when_they_compute_alike(char_tokenizer, monkeypatch):
     """A critic of another size, or with another norm eps, keeps its own pass; a batch that
     repeats its prompts takes the two passes, each sharing its prompts."""

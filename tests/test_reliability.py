@@ -21,6 +21,7 @@ import torch
 
 from ppo.config import PPOConfig
 from ppo.run_dir import RunDirectoryError
+from ppo import guards
 from ppo.guards import (NonFiniteError, RewardTypeError, check_parameters, check_scores, check_update,
                         drop_nonfinite_scores, reward_values)
 from ppo.trainer import RLTrainer
@@ -199,6 +200,34 @@ def test_check_parameters_catches_overflowed_weights():
         check_parameters(weights, 3)
     check_parameters(weights[:1], 3)
 
+
+
+@pytest.mark.parametrize("where", [0, 5, 9])
+def test_check_parameters_reads_weights_stored_side_by_side_as_one_block(where):
+    """Weights tiling one storage (a paired policy and critic: ppo/model_pairs.py) are checked
+    as one block, and a NaN anywhere in it, or in a weight outside it, still stops the run;
+    huge but finite weights (a block norm that overflows) do not."""
+    rows = torch.zeros(2, 5)
+    weights = [torch.nn.Parameter(torch.empty(0)) for _ in range(4)]
+    for w, (row, cols) in zip(weights, [(0, slice(0, 2)), (0, slice(2, 5)), (1, slice(0, 2)), (1, slice(2, 5))]):
+        w.data = rows[row, cols]
+    apart = torch.nn.Parameter(torch.ones(3))
+    blocks, rest = guards.contiguous_blocks(weights + [apart, weights[0]])
+    assert len(blocks) == 1 and blocks[0].data_ptr() == rows.data_ptr() and blocks[0].numel() == 10
+    assert len(rest) == 1 and rest[0] is apart
+    check_parameters(weights + [apart], 1)
+    rows.view(-1)[where] = 3e38  # finite, but its square overflows the block's norm
+    check_parameters(weights + [apart], 1)
+    rows.view(-1)[where] = math.nan
+    with pytest.raises(NonFiniteError):
+        check_parameters(weights + [apart], 2)
+    rows.view(-1)[where] = 0.0
+    apart.data[1] = math.inf
+    with pytest.raises(NonFiniteError):
+        check_parameters(weights + [apart], 3)
+    # a gap between two tensors of one storage: each is checked on its own
+    blocks, rest = guards.contiguous_blocks([rows[0, :2], rows[1, :2]])
+    assert blocks == [] and len(rest) == 2
 
 # ---------------------------------------------------------------- the sweep runner's children
 RUNNER_DRIVER = '''

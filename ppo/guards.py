@@ -140,7 +140,7 @@ def contiguous_blocks(tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tenso
     (ppo/model_pairs.py `side_by_side`), so a pass over their 104 weights becomes one
     reduction over one block: the finiteness check after every PPO step of the identical work
     took 1.6 ms as per-tensor norms (torch's CPU ``_foreach_norm`` runs one kernel per tensor)
-    and 0.4 ms as one.
+    and 0.7 ms with the block (its norm 0.4 ms, the grouping here the rest).
 
     >>> rows = torch.arange(6.0)
     >>> blocks, rest = contiguous_blocks([rows[3:], rows[:3], torch.ones(2)])
@@ -176,11 +176,13 @@ def contiguous_blocks(tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tenso
 
 def check_parameters(parameters: Sequence[torch.nn.Parameter], step: int) -> None:
     """Stop on every rank when an optimizer step left a non-finite weight."""
-    # One fused norm per parameter: a NaN or inf weight makes its norm non-finite. Only if a
-    # norm is non-finite (which a finite but huge tensor can also give) check element-wise.
+    # One norm per block of weights stored back to back, one fused norm per other weight: a NaN
+    # or inf weight makes its norm non-finite. Only if a norm is non-finite (which finite but
+    # huge weights can also give) check element-wise. 16-bit blocks are summed in float32.
     parameters = [p for p in parameters]
     blocks, rest = contiguous_blocks(parameters)
-    norms = [torch.linalg.vector_norm(block) for block in blocks] + (list(torch._foreach_norm(rest)) if rest else [])
+    norms = ([torch.linalg.vector_norm(b, dtype=torch.float32 if b.element_size() < 4 else None) for b in blocks]
+             + (list(torch._foreach_norm(rest)) if rest else []))
     finite = not norms or bool(torch.isfinite(torch.stack(norms)).all())
     if not finite:
         finite = all(bool(torch.isfinite(p).all()) for p in parameters)

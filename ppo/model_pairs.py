@@ -58,8 +58,8 @@ class Stacked:
             pair = Stacked(attribute, getattr(self._second, name), views=self._views)
         else:
             return attribute
-        # A submodule pair is looked up once (a later read finds it in __dict__ and skips this
-        # method): `stacked_pair` keeps the whole tree from pass to pass.
+        # A submodule pair is looked up once per pass: a later read finds it in __dict__ and
+        # skips this method. (Parameters are not kept: each pass makes its own views.)
         self.__dict__[name] = pair
         return pair
 

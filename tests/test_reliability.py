@@ -201,7 +201,6 @@ def test_check_parameters_catches_overflowed_weights():
     check_parameters(weights[:1], 3)
 
 
-
 @pytest.mark.parametrize("where", [0, 5, 9])
 def test_check_parameters_reads_weights_stored_side_by_side_as_one_block(where):
     """Weights tiling one storage (a paired policy and critic: ppo/model_pairs.py) are checked
@@ -228,6 +227,7 @@ def test_check_parameters_reads_weights_stored_side_by_side_as_one_block(where):
     # a gap between two tensors of one storage: each is checked on its own
     blocks, rest = guards.contiguous_blocks([rows[0, :2], rows[1, :2]])
     assert blocks == [] and len(rest) == 2
+
 
 # ---------------------------------------------------------------- the sweep runner's children
 RUNNER_DRIVER = '''

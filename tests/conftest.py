@@ -5,7 +5,7 @@ import torch
 
 # Two threads match the 2-core CI machine. Set PPO_TEST_THREADS=1 when other jobs share the
 # cores: oversubscribed torch threads stall each other and slow everything down many times.
-# (Measured: the suite with a cached warm start took 287 s and building the warm start 234 s;
+# (Measured: the suite with a cached warm start took 287 s and building the warm start 230-260 s;
 # run side by side, to hide the build of a fresh clone behind the other tests, they took 741 s
 # and 652 s. So the first test that needs the warm start builds it, alone.)
 torch.set_num_threads(int(os.environ.get("PPO_TEST_THREADS", "2")))

@@ -172,8 +172,10 @@ def _twin_plan(first: nn.Module, second: nn.Module) -> _TwinPlan:
 
 
 def _holds_parameters(module: nn.Module) -> bool:
-    """Whether `module` or a module under it has a parameter (without a generator walk)."""
-    return bool(module._parameters) or any(_holds_parameters(child) for child in module._modules.values())
+    """Whether `module` or a module under it has a parameter, as ``next(module.parameters(), None)``
+    tells (a name registered as None is no parameter), without its generator walk."""
+    return (any(p is not None for p in module._parameters.values())
+            or any(child is not None and _holds_parameters(child) for child in module._modules.values()))
 
 
 def _settings(module: nn.Module) -> dict:

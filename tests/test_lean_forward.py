@@ -615,7 +615,8 @@ def test_stacked_views_follow_parameters_that_move_or_are_replaced(char_tokenize
     mask = rollout.response_mask.bool()
 
     def check():
-        got, expected = (response_logprobs_and_values(p, c, *args) for p, c in ((paired, paired_critic), (policy, critic)))
+        got, expected = (response_logprobs_and_values(p, c, *args)
+                         for p, c in ((paired, paired_critic), (policy, critic)))
         for name in ("logprobs", "values"):
             torch.testing.assert_close(got[name][mask], expected[name][mask], atol=1e-12, rtol=0, msg=name)
 
@@ -635,6 +636,19 @@ def test_stacked_views_follow_parameters_that_move_or_are_replaced(char_tokenize
             p.add_(0.25)
     assert model_pairs.stacked_views(first, second) == {}
     check()
+
+
+def test_a_module_holds_parameters_exactly_when_it_yields_one():
+    """`Stacked` pairs a submodule when it or a module under it holds a parameter; names
+    registered as None (a missing bias, an absent submodule) hold none, as for `parameters()`."""
+    empty = torch.nn.Module()
+    empty.register_parameter("bias", None)
+    empty.register_module("missing", None)
+    modules = [empty, torch.nn.Sequential(torch.nn.ReLU(), empty),
+               torch.nn.Sequential(torch.nn.Identity(), torch.nn.Linear(2, 2)), torch.nn.Linear(2, 2, bias=False),
+               torch.nn.GELU()]
+    got = [model_pairs._holds_parameters(m) for m in modules]
+    assert got == [next(m.parameters(), None) is not None for m in modules] == [False, False, True, True, False]
 
 
 def test_policy_and_critic_pair_only_when_they_compute_alike(char_tokenizer, monkeypatch):

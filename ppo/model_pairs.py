@@ -84,6 +84,7 @@ def side_by_side(first: nn.Module, second: nn.Module) -> None:
                 both[1].copy_(b.reshape(-1))
                 a.data, b.data = both[0].view(a.shape), both[1].view(b.shape)
                 start += a.numel()
+    _TWIN_PLANS.pop(first, None)  # the twins are new: `stacked_views` works them out again
 
 
 def _twin_offset(a: torch.Tensor, b: torch.Tensor) -> int | None:

@@ -636,6 +636,10 @@ def test_stacked_views_follow_parameters_that_move_or_are_replaced(char_tokenize
             p.add_(0.25)
     assert model_pairs.stacked_views(first, second) == {}
     check()
+    # stored side by side again: every twin is read as a view once more
+    model_pairs.side_by_side(first, second)
+    assert len(model_pairs.stacked_views(first, second)) == count
+    check()
 
 
 def test_a_module_holds_parameters_exactly_when_it_yields_one():

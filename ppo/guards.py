@@ -168,7 +168,7 @@ def contiguous_blocks(tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tenso
         else:
             if len(group) > 1:
                 blocks.append(torch.empty(0, dtype=group[0].dtype, device=group[0].device)
-                              .set_(group[0].untyped_storage(), start, (end - start,)).detach())
+                              .set_(group[0].untyped_storage(), start, (end - start,)))
                 continue
         rest.extend(group)
     return blocks, rest

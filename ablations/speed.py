@@ -17,7 +17,8 @@ Commands::
     python -m ablations speed model [--out DIR]            # build + SFT the task's model
     python -m ablations speed run --kind grpo --seed 42     # one project run, per-step times
     python -m ablations speed compare --peer-dir DIR --peer-python PY --peer-python-ppo PY
-                                      [--seeds 42 43 44] [--steps 50] [--kinds grpo ppo]
+                                      [--seeds 42 43 44] [--steps 50] [--kinds grpo ppo] [--out FILE]
+    python -m ablations speed pool BATCH...                # several compare batches pooled
 
 ``compare`` alternates runs of the two systems (peer first for one seed, project first for
 the next), each in a fresh process, and reports the median seconds per step over steps
@@ -26,6 +27,11 @@ the next), each in a fresh process, and reports the median seconds per step over
 ``step_times_all`` (a TRL harness on this task) and keeps its start model in
 ``PEER_DIR/tiny-sft``, which this project's runs load too (``--model`` overrides it), so
 both systems start from the same weights.
+
+One batch moves with the machine's spell (ratios 0.05-0.1 apart with no code change), so
+``pool`` reads several batches (each a ``compare --out`` JSON, or the lines ``compare``
+printed) and reports the medians over all their runs, the ratio, and every batch's adjacent
+same-seed pairs; docs/results/data/speed/ holds the batches docs/performance.md pools.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import argparse
 import json
 import os
 import random
+import re
 import statistics
 import subprocess
 import sys
@@ -251,8 +258,13 @@ def paired_ratios(runs: list[dict], kind: str) -> list[float]:
             waiting[run.get("seed")] = run
             continue
         trl, mine = (other, run) if other["system"] == "trl" else (run, other)
-        ratios.append(median_step(mine["step_times_all"]) / median_step(trl["step_times_all"]))
+        ratios.append(run_median(mine) / run_median(trl))
     return ratios
+
+
+def run_median(run: dict) -> float:
+    """A run's median seconds per step: from its step times, or as recorded (`load_batch`)."""
+    return run["median"] if "median" in run else median_step(run["step_times_all"])
 
 
 def summarize(runs: list[dict]) -> dict:
@@ -261,7 +273,7 @@ def summarize(runs: list[dict]) -> dict:
     table: dict = {}
     for run in runs:
         entry = table.setdefault(run["kind"], {}).setdefault(run["system"], {"per_run": [], "greedy": [], "t1": []})
-        entry["per_run"].append(median_step(run["step_times_all"]))
+        entry["per_run"].append(run_median(run))
         if "after_test_greedy_acc" in run:
             entry["greedy"].append(run["after_test_greedy_acc"])
             entry["t1"].append(run["after_test_sample_t1_acc"])
@@ -291,6 +303,60 @@ def format_summary(table: dict) -> str:
         ratio = f"{systems['ratio']:.2f}" if "ratio" in systems else "-"
         paired = ", ".join(f"{r:.2f}" for r in systems.get("paired_ratios", [])) or "-"
         lines.append(f"| {kind} | {cell(trl)} | {cell(mine)} | {ratio} | {paired} | {quality(trl)} / {quality(mine)} |")
+    return "\n".join(lines)
+
+
+# ---- several batches pooled ----------------------------------------------------------------
+_PRINTED_RUN = re.compile(r"(trl|project)\s+(grpo|ppo) seed (\d+): median ([0-9.]+) s/step")
+
+
+def load_batch(path: str | Path) -> list[dict]:
+    """The runs of one `compare` batch in run order: from the JSON its ``--out`` wrote, or
+    from the lines it printed (``trl grpo seed 42: median 0.1193 s/step``, each run's median
+    to 0.1 ms), for a batch whose JSON was not kept."""
+    path = Path(path)
+    text = path.read_text()
+    if path.suffix == ".json":
+        return json.loads(text)["runs"]
+    runs = [{"system": m[1], "kind": m[2], "seed": int(m[3]), "median": float(m[4])}
+            for m in map(_PRINTED_RUN.match, text.splitlines()) if m]
+    if not runs:
+        raise ValueError(f"{path}: no runs in it (expected the JSON of `compare --out` or the lines compare printed)")
+    return runs
+
+
+def pool(batches: list[list[dict]], kind: str) -> dict | None:
+    """`kind`'s runs over several batches: per system the median over every run and the
+    range; the ratio of the two medians; the adjacent same-seed pairs of each batch (a pair
+    never spans two batches) and how many are at or under 0.5; each batch's own ratio."""
+    runs = [run for batch in batches for run in batch if run["kind"] == kind]
+    medians = {system: [run_median(r) for r in runs if r["system"] == system] for system in ("trl", "project")}
+    if not all(medians.values()):
+        return None
+    pairs = [ratio for batch in batches for ratio in paired_ratios(batch, kind)]
+    per_batch = [summarize(batch).get(kind, {}).get("ratio") for batch in batches]
+    out = {system: {"median": statistics.median(m), "min": min(m), "max": max(m), "runs": len(m)}
+           for system, m in medians.items()}
+    out.update(ratio=out["project"]["median"] / out["trl"]["median"], pairs=pairs,
+               pairs_at_or_under_half=sum(r <= 0.5 for r in pairs), per_batch=per_batch)
+    return out
+
+
+def format_pooled(pooled: dict) -> str:
+    lines = ["| work | runs per system | TRL s/step (range) | project s/step (range) | project / TRL "
+             "| seed pairs at or under 0.5 | pairs: range, median | per batch |",
+             "|---|---|---|---|---|---|---|---|"]
+    for kind, entry in pooled.items():
+        if entry is None:
+            continue
+        cell = {system: f"{e['median']:.4f} ({e['min']:.4f}-{e['max']:.4f})" for system, e in
+                ((s, entry[s]) for s in ("trl", "project"))}
+        pairs = entry["pairs"]
+        spread = f"{min(pairs):.2f}-{max(pairs):.2f}, {statistics.median(pairs):.2f}" if pairs else "-"
+        per_batch = ", ".join("-" if r is None else f"{r:.2f}" for r in entry["per_batch"])
+        lines.append(f"| {kind} | {entry['trl']['runs']} / {entry['project']['runs']} | {cell['trl']} | "
+                     f"{cell['project']} | {entry['ratio']:.3f} | {entry['pairs_at_or_under_half']} of {len(pairs)} | "
+                     f"{spread} | {per_batch} |")
     return "\n".join(lines)
 
 
@@ -359,7 +425,14 @@ def main(argv: list[str] | None = None) -> int:
     both.add_argument("--evaluate", action="store_true", help="held-out exact match after training (both)")
     both.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="project config override")
     both.add_argument("--out", default=None, help="write every run and the summary as JSON")
+    pooled = sub.add_parser("pool", help="pool the runs of several compare batches")
+    pooled.add_argument("batches", nargs="+", metavar="BATCH",
+                        help="a compare --out JSON, or a file holding what compare printed")
     args = parser.parse_args(argv)
+    if args.command == "pool":
+        batches = [load_batch(path) for path in args.batches]
+        print(format_pooled({kind: pool(batches, kind) for kind in KINDS}))
+        return 0
     if args.command == "model":
         print(build_model(args.out))
         return 0

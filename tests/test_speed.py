@@ -66,3 +66,50 @@ def test_paired_ratios_pair_each_seeds_adjacent_runs_only():
             run("project", 42, 0.3), run("trl", 42, 0.4), run("trl", 43, 0.5)]
     assert speed.paired_ratios(runs, "ppo") == pytest.approx([0.5, 0.75])
     assert speed.paired_ratios(runs, "grpo") == []
+
+
+def test_batches_pool_from_their_json_or_printed_lines(tmp_path):
+    """`pool` takes each run's median from its step times (a compare --out JSON) or as printed,
+    pools every run per system, and pairs seeds only inside a batch."""
+    def run(system, seed, t):
+        return {"system": system, "kind": "ppo", "seed": seed, "step_times_all": [9.0] * 4 + [t, t]}
+    first = tmp_path / "first.json"
+    first.write_text(speed.json.dumps({"runs": [run("trl", 42, 0.2), run("project", 42, 0.1),
+                                                run("project", 43, 0.12), run("trl", 43, 0.3)]}))
+    second = tmp_path / "second.txt"  # what compare printed; its last run has no partner here
+    second.write_text("trl      ppo seed 42: median 0.4000 s/step\n"
+                      "Loading weights: 100%\n"
+                      "project  ppo seed 42: median 0.1000 s/step\n"
+                      "project  grpo seed 42: median 0.0500 s/step\n"
+                      "| ppo | 0.4000 (0.4000-0.4000) | 0.1000 s/step |\n")
+    batches = [speed.load_batch(first), speed.load_batch(second)]
+    assert [r.get("median") for r in batches[1]] == [0.4, 0.1, 0.05]
+    pooled = speed.pool(batches, "ppo")
+    assert pooled["trl"] == {"median": 0.3, "min": 0.2, "max": 0.4, "runs": 3}
+    assert pooled["project"] == {"median": 0.1, "min": 0.1, "max": 0.12, "runs": 3}
+    assert pooled["ratio"] == pytest.approx(1 / 3)
+    assert pooled["pairs"] == pytest.approx([0.5, 0.4, 0.25]) and pooled["pairs_at_or_under_half"] == 3
+    assert pooled["per_batch"] == pytest.approx([0.11 / 0.25, 0.25])
+    assert speed.pool(batches, "grpo") is None  # no TRL run of it
+    text = speed.format_pooled({"ppo": pooled, "grpo": None})
+    assert "| ppo | 3 / 3 | 0.3000 (0.2000-0.4000) | 0.1000 (0.1000-0.1200) | 0.333 | 3 of 3 | 0.25-0.50, 0.40 | 0.44, 0.25 |" in text
+    empty = tmp_path / "empty.txt"
+    empty.write_text("nothing ran\n")
+    with pytest.raises(ValueError, match="empty.txt: no runs"):
+        speed.load_batch(empty)
+
+
+def test_the_pooled_batches_of_the_performance_page_are_kept():
+    """docs/performance.md pools the batches kept in docs/results/data/speed/: each parses,
+    and each holds both systems' runs of both kinds for three seeds."""
+    from pathlib import Path
+
+    kept = sorted((Path(__file__).parent.parent / "docs" / "results" / "data" / "speed").glob("batch*.txt"))
+    assert len(kept) >= 24
+    for path in kept:
+        runs = speed.load_batch(path)
+        assert sorted((r["system"], r["kind"]) for r in runs) == sorted(
+            [(s, k) for s in ("trl", "project") for k in ("grpo", "ppo")] * 3), path
+        full = path.with_suffix(".json")  # the same batch with every step's time: the same medians
+        if full.exists():
+            assert [round(speed.run_median(r), 4) for r in speed.load_batch(full)] == [r["median"] for r in runs]

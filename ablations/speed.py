@@ -287,6 +287,10 @@ def summarize(runs: list[dict]) -> dict:
     return table
 
 
+def _median_and_range(entry: dict | None) -> str:
+    return "-" if entry is None else f"{entry['median']:.4f} ({entry['min']:.4f}-{entry['max']:.4f})"
+
+
 def format_summary(table: dict) -> str:
     lines = ["| work | TRL s/step (range) | project s/step (range) | project / TRL | per seed (adjacent runs) "
              "| greedy after (TRL / project) |",
@@ -294,15 +298,13 @@ def format_summary(table: dict) -> str:
     for kind, systems in table.items():
         trl, mine = systems.get("trl"), systems.get("project")
 
-        def cell(entry):
-            return "-" if entry is None else f"{entry['median']:.4f} ({entry['min']:.4f}-{entry['max']:.4f})"
-
         def quality(entry):
             return "-" if not entry or not entry["greedy"] else f"{statistics.mean(entry['greedy']):.3f}"
 
         ratio = f"{systems['ratio']:.2f}" if "ratio" in systems else "-"
         paired = ", ".join(f"{r:.2f}" for r in systems.get("paired_ratios", [])) or "-"
-        lines.append(f"| {kind} | {cell(trl)} | {cell(mine)} | {ratio} | {paired} | {quality(trl)} / {quality(mine)} |")
+        lines.append(f"| {kind} | {_median_and_range(trl)} | {_median_and_range(mine)} | {ratio} | {paired} "
+                     f"| {quality(trl)} / {quality(mine)} |")
     return "\n".join(lines)
 
 
@@ -349,13 +351,11 @@ def format_pooled(pooled: dict) -> str:
     for kind, entry in pooled.items():
         if entry is None:
             continue
-        cell = {system: f"{e['median']:.4f} ({e['min']:.4f}-{e['max']:.4f})" for system, e in
-                ((s, entry[s]) for s in ("trl", "project"))}
         pairs = entry["pairs"]
         spread = f"{min(pairs):.2f}-{max(pairs):.2f}, {statistics.median(pairs):.2f}" if pairs else "-"
         per_batch = ", ".join("-" if r is None else f"{r:.2f}" for r in entry["per_batch"])
-        lines.append(f"| {kind} | {entry['trl']['runs']} / {entry['project']['runs']} | {cell['trl']} | "
-                     f"{cell['project']} | {entry['ratio']:.3f} | {entry['pairs_at_or_under_half']} of {len(pairs)} | "
+        lines.append(f"| {kind} | {entry['trl']['runs']} / {entry['project']['runs']} | {_median_and_range(entry['trl'])} "
+                     f"| {_median_and_range(entry['project'])} | {entry['ratio']:.3f} | {entry['pairs_at_or_under_half']} of {len(pairs)} | "
                      f"{spread} | {per_batch} |")
     return "\n".join(lines)
 

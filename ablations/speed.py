@@ -328,20 +328,17 @@ def load_batch(path: str | Path) -> list[dict]:
 
 
 def pool(batches: list[list[dict]], kind: str) -> dict | None:
-    """`kind`'s runs over several batches: per system the median over every run and the
-    range; the ratio of the two medians; the adjacent same-seed pairs of each batch (a pair
-    never spans two batches) and how many are at or under 0.5; each batch's own ratio."""
-    runs = [run for batch in batches for run in batch if run["kind"] == kind]
-    medians = {system: [run_median(r) for r in runs if r["system"] == system] for system in ("trl", "project")}
-    if not all(medians.values()):
+    """`kind`'s runs over several batches as `summarize` gives them (per system the median
+    over every run and the range; the ratio of the two medians), with the adjacent same-seed
+    pairs taken inside each batch (a pair never spans two batches), how many are at or under
+    0.5, and each batch's own ratio; None without runs of both systems."""
+    table = summarize([run for batch in batches for run in batch]).get(kind, {})
+    if "ratio" not in table:
         return None
     pairs = [ratio for batch in batches for ratio in paired_ratios(batch, kind)]
     per_batch = [summarize(batch).get(kind, {}).get("ratio") for batch in batches]
-    out = {system: {"median": statistics.median(m), "min": min(m), "max": max(m), "runs": len(m)}
-           for system, m in medians.items()}
-    out.update(ratio=out["project"]["median"] / out["trl"]["median"], pairs=pairs,
-               pairs_at_or_under_half=sum(r <= 0.5 for r in pairs), per_batch=per_batch)
-    return out
+    return {**table, "paired_ratios": pairs, "pairs_at_or_under_half": sum(r <= 0.5 for r in pairs),
+            "per_batch": per_batch}
 
 
 def format_pooled(pooled: dict) -> str:
@@ -351,10 +348,11 @@ def format_pooled(pooled: dict) -> str:
     for kind, entry in pooled.items():
         if entry is None:
             continue
-        pairs = entry["pairs"]
+        pairs = entry["paired_ratios"]
         spread = f"{min(pairs):.2f}-{max(pairs):.2f}, {statistics.median(pairs):.2f}" if pairs else "-"
         per_batch = ", ".join("-" if r is None else f"{r:.2f}" for r in entry["per_batch"])
-        lines.append(f"| {kind} | {entry['trl']['runs']} / {entry['project']['runs']} | {_median_and_range(entry['trl'])} "
+        runs = f"{len(entry['trl']['per_run'])} / {len(entry['project']['per_run'])}"
+        lines.append(f"| {kind} | {runs} | {_median_and_range(entry['trl'])} "
                      f"| {_median_and_range(entry['project'])} | {entry['ratio']:.3f} | {entry['pairs_at_or_under_half']} of {len(pairs)} | "
                      f"{spread} | {per_batch} |")
     return "\n".join(lines)

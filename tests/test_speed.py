@@ -73,26 +73,29 @@ def test_batches_pool_from_their_json_or_printed_lines(tmp_path):
     pools every run per system, and pairs seeds only inside a batch."""
     def run(system, seed, t):
         return {"system": system, "kind": "ppo", "seed": seed, "step_times_all": [9.0] * 4 + [t, t]}
-    first = tmp_path / "first.json"
-    first.write_text(speed.json.dumps({"runs": [run("trl", 42, 0.2), run("project", 42, 0.1),
-                                                run("project", 43, 0.12), run("trl", 43, 0.3)]}))
-    second = tmp_path / "second.txt"  # what compare printed; its last run has no partner here
-    second.write_text("trl      ppo seed 42: median 0.4000 s/step\n"
+    first = tmp_path / "first.json"  # its last run's partner never came (a batch cut short)
+    first.write_text(speed.json.dumps({"runs": [run("trl", 42, 0.2), run("project", 42, 0.1), run("project", 43, 0.12),
+                                                run("trl", 43, 0.3), run("project", 44, 0.1)]}))
+    second = tmp_path / "second.txt"  # what compare printed, with a line of other output
+    second.write_text("trl      ppo seed 44: median 0.4000 s/step\n"
                       "Loading weights: 100%\n"
                       "project  ppo seed 42: median 0.1000 s/step\n"
                       "project  grpo seed 42: median 0.0500 s/step\n"
                       "| ppo | 0.4000 (0.4000-0.4000) | 0.1000 s/step |\n")
     batches = [speed.load_batch(first), speed.load_batch(second)]
-    assert [r.get("median") for r in batches[1]] == [0.4, 0.1, 0.05]
+    assert [(r["system"], r["seed"], r["median"]) for r in batches[1]] == [("trl", 44, 0.4), ("project", 42, 0.1),
+                                                                         ("project", 42, 0.05)]
     pooled = speed.pool(batches, "ppo")
-    assert pooled["trl"] == {"median": 0.3, "min": 0.2, "max": 0.4, "runs": 3}
-    assert pooled["project"] == {"median": 0.1, "min": 0.1, "max": 0.12, "runs": 3}
+    assert {k: pooled["trl"][k] for k in ("per_run", "median", "min", "max")} == {
+        "per_run": [0.2, 0.3, 0.4], "median": 0.3, "min": 0.2, "max": 0.4}
+    assert {k: pooled["project"][k] for k in ("median", "min", "max")} == {"median": 0.1, "min": 0.1, "max": 0.12}
     assert pooled["ratio"] == pytest.approx(1 / 3)
-    assert pooled["pairs"] == pytest.approx([0.5, 0.4, 0.25]) and pooled["pairs_at_or_under_half"] == 3
-    assert pooled["per_batch"] == pytest.approx([0.11 / 0.25, 0.25])
+    # seed 44's two runs are adjacent only across the two batches: not a pair
+    assert pooled["paired_ratios"] == pytest.approx([0.5, 0.4]) and pooled["pairs_at_or_under_half"] == 2
+    assert pooled["per_batch"] == pytest.approx([0.1 / 0.25, 0.1 / 0.4])
     assert speed.pool(batches, "grpo") is None  # no TRL run of it
     text = speed.format_pooled({"ppo": pooled, "grpo": None})
-    assert "| ppo | 3 / 3 | 0.3000 (0.2000-0.4000) | 0.1000 (0.1000-0.1200) | 0.333 | 3 of 3 | 0.25-0.50, 0.40 | 0.44, 0.25 |" in text
+    assert "| ppo | 3 / 4 | 0.3000 (0.2000-0.4000) | 0.1000 (0.1000-0.1200) | 0.333 | 2 of 2 | 0.40-0.50, 0.45 | 0.40, 0.25 |" in text
     empty = tmp_path / "empty.txt"
     empty.write_text("nothing ran\n")
     with pytest.raises(ValueError, match="empty.txt: no runs"):

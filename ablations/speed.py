@@ -335,6 +335,7 @@ def pool(batches: list[list[dict]], kind: str) -> dict | None:
     table = summarize([run for batch in batches for run in batch]).get(kind, {})
     if "ratio" not in table:
         return None
+    # the pairs of the runs put together could join two batches' runs: taken per batch instead
     pairs = [ratio for batch in batches for ratio in paired_ratios(batch, kind)]
     per_batch = [summarize(batch).get(kind, {}).get("ratio") for batch in batches]
     return {**table, "paired_ratios": pairs, "pairs_at_or_under_half": sum(r <= 0.5 for r in pairs),

@@ -1,6 +1,8 @@
 """The side-by-side speed benchmark: its task, its configs and its arithmetic."""
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 
@@ -74,7 +76,7 @@ def test_batches_pool_from_their_json_or_printed_lines(tmp_path):
     def run(system, seed, t):
         return {"system": system, "kind": "ppo", "seed": seed, "step_times_all": [9.0] * 4 + [t, t]}
     first = tmp_path / "first.json"  # its last run's partner never came (a batch cut short)
-    first.write_text(speed.json.dumps({"runs": [run("trl", 42, 0.2), run("project", 42, 0.1), run("project", 43, 0.12),
+    first.write_text(json.dumps({"runs": [run("trl", 42, 0.2), run("project", 42, 0.1), run("project", 43, 0.12),
                                                 run("trl", 43, 0.3), run("project", 44, 0.1)]}))
     second = tmp_path / "second.txt"  # what compare printed, with a line of other output
     second.write_text("trl      ppo seed 44: median 0.4000 s/step\n"
@@ -105,8 +107,6 @@ def test_batches_pool_from_their_json_or_printed_lines(tmp_path):
 def test_the_pooled_batches_of_the_performance_page_are_kept():
     """docs/performance.md pools the batches kept in docs/results/data/speed/: each parses,
     and each holds both systems' runs of both kinds for three seeds."""
-    from pathlib import Path
-
     kept = sorted((Path(__file__).parent.parent / "docs" / "results" / "data" / "speed").glob("batch*.txt"))
     assert len(kept) >= 24
     for path in kept:

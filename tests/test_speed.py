@@ -77,7 +77,7 @@ def test_batches_pool_from_their_json_or_printed_lines(tmp_path):
         return {"system": system, "kind": "ppo", "seed": seed, "step_times_all": [9.0] * 4 + [t, t]}
     first = tmp_path / "first.json"  # its last run's partner never came (a batch cut short)
     first.write_text(json.dumps({"runs": [run("trl", 42, 0.2), run("project", 42, 0.1), run("project", 43, 0.12),
-                                                run("trl", 43, 0.3), run("project", 44, 0.1)]}))
+                                          run("trl", 43, 0.3), run("project", 44, 0.1)]}))
     second = tmp_path / "second.txt"  # what compare printed, with a line of other output
     second.write_text("trl      ppo seed 44: median 0.4000 s/step\n"
                       "Loading weights: 100%\n"

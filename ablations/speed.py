@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import re
@@ -51,6 +52,7 @@ from typing import Sequence
 
 import torch
 
+from ablations.stats import mean_ci95
 from ppo.tasks.base import Problem, Score
 
 KINDS = ("grpo", "ppo")
@@ -331,7 +333,9 @@ def pool(batches: list[list[dict]], kind: str) -> dict | None:
     """`kind`'s runs over several batches as `summarize` gives them (per system the median
     over every run and the range; the ratio of the two medians), with the adjacent same-seed
     pairs taken inside each batch (a pair never spans two batches), how many are at or under
-    0.5, and each batch's own ratio; None without runs of both systems."""
+    0.5, and each batch's own ratio with their mean and its 95% interval (`batch_ratio`, Student t
+    over the batches: each batch ran in its own spell of the machine, so a batch, not a run, is
+    the unit the ratio varies by); None without runs of both systems."""
     table = summarize([run for batch in batches for run in batch]).get(kind, {})
     if "ratio" not in table:
         return None
@@ -339,13 +343,13 @@ def pool(batches: list[list[dict]], kind: str) -> dict | None:
     pairs = [ratio for batch in batches for ratio in paired_ratios(batch, kind)]
     per_batch = [summarize(batch).get(kind, {}).get("ratio") for batch in batches]
     return {**table, "paired_ratios": pairs, "pairs_at_or_under_half": sum(r <= 0.5 for r in pairs),
-            "per_batch": per_batch}
+            "per_batch": per_batch, "batch_ratio": mean_ci95(r for r in per_batch if r is not None)}
 
 
 def format_pooled(pooled: dict) -> str:
     lines = ["| work | runs per system | TRL s/step (range) | project s/step (range) | project / TRL "
-             "| seed pairs at or under 0.5 | pairs: range, median | per batch |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| seed pairs at or under 0.5 | pairs: range, median | per batch | batches: mean (95% interval) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for kind, entry in pooled.items():
         if entry is None:
             continue
@@ -355,8 +359,15 @@ def format_pooled(pooled: dict) -> str:
         runs = f"{len(entry['trl']['per_run'])} / {len(entry['project']['per_run'])}"
         lines.append(f"| {kind} | {runs} | {_median_and_range(entry['trl'])} "
                      f"| {_median_and_range(entry['project'])} | {entry['ratio']:.3f} | {entry['pairs_at_or_under_half']} of {len(pairs)} | "
-                     f"{spread} | {per_batch} |")
+                     f"{spread} | {per_batch} | {_mean_and_interval(entry['batch_ratio'])} |")
     return "\n".join(lines)
+
+
+def _mean_and_interval(stats: dict) -> str:
+    """``0.482 (0.460 to 0.503)``: a `mean_ci95` result; the mean alone for one batch."""
+    if not math.isfinite(stats["ci"]):
+        return f"{stats['mean']:.3f}"
+    return f"{stats['mean']:.3f} ({stats['mean'] - stats['ci']:.3f} to {stats['mean'] + stats['ci']:.3f})"
 
 
 def compare(args) -> int:

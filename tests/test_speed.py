@@ -95,9 +95,17 @@ def test_batches_pool_from_their_json_or_printed_lines(tmp_path):
     # seed 44's two runs are adjacent only across the two batches: not a pair
     assert pooled["paired_ratios"] == pytest.approx([0.5, 0.4]) and pooled["pairs_at_or_under_half"] == 2
     assert pooled["per_batch"] == pytest.approx([0.1 / 0.25, 0.1 / 0.4])
+    # the batches' mean ratio, 0.325, with its 95% interval: sd sqrt(2) * 0.075 = 0.10607 over
+    # 2 batches, half-width t(0.975, 1) * sd / sqrt(2) = 12.706 * 0.075 = 0.95295
+    assert pooled["batch_ratio"]["mean"] == pytest.approx(0.325)
+    assert pooled["batch_ratio"]["ci"] == pytest.approx(0.95295)
     assert speed.pool(batches, "grpo") is None  # no TRL run of it
     text = speed.format_pooled({"ppo": pooled, "grpo": None})
-    assert "| ppo | 3 / 4 | 0.3000 (0.2000-0.4000) | 0.1000 (0.1000-0.1200) | 0.333 | 2 of 2 | 0.40-0.50, 0.45 | 0.40, 0.25 |" in text
+    assert ("| ppo | 3 / 4 | 0.3000 (0.2000-0.4000) | 0.1000 (0.1000-0.1200) | 0.333 | 2 of 2 | 0.40-0.50, 0.45 "
+            "| 0.40, 0.25 | 0.325 (-0.628 to 1.278) |") in text
+    # one batch has no interval: its ratio alone
+    one = speed.format_pooled({"ppo": speed.pool(batches[:1], "ppo")}).splitlines()[-1]
+    assert one.endswith("| 0.40 | 0.400 |")
     empty = tmp_path / "empty.txt"
     empty.write_text("nothing ran\n")
     with pytest.raises(ValueError, match="empty.txt: no runs"):

@@ -30,8 +30,10 @@ both systems start from the same weights.
 
 One batch moves with the machine's spell (ratios 0.05-0.1 apart with no code change), so
 ``pool`` reads several batches (each a ``compare --out`` JSON, or the lines ``compare``
-printed) and reports the medians over all their runs, the ratio, and every batch's adjacent
-same-seed pairs; docs/results/data/speed/ holds the batches docs/performance.md pools.
+printed) and reports the medians over all their runs, the ratio, every batch's adjacent
+same-seed pairs, and the batches' own ratios with their mean and its 95% interval (the batch
+being the unit the ratio varies by); docs/results/data/speed/ holds the batches
+docs/performance.md pools.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ Commands::
     python -m ablations speed run --kind grpo --seed 42     # one project run, per-step times
     python -m ablations speed compare --peer-dir DIR --peer-python PY --peer-python-ppo PY
                                       [--seeds 42 43 44] [--steps 50] [--kinds grpo ppo] [--out FILE]
-    python -m ablations speed pool BATCH...                # several compare batches pooled
+    python -m ablations speed pool BATCH... [--plot PNG]   # several compare batches pooled (and drawn)
 
 ``compare`` alternates runs of the two systems (peer first for one seed, project first for
 the next), each in a fresh process, and reports the median seconds per step over steps
@@ -372,6 +372,43 @@ def _mean_and_interval(stats: dict) -> str:
     return f"{stats['mean']:.3f} ({stats['mean'] - stats['ci']:.3f} to {stats['mean'] + stats['ci']:.3f})"
 
 
+def batch_label(path: str | Path) -> str:
+    """The batch's name on a plot: its number for ``batchNN.txt`` / ``.json``, else the file's stem."""
+    stem = Path(path).stem
+    match = re.fullmatch(r"batch0*(\d+)", stem)
+    return match[1] if match else stem
+
+
+def pooled_figure(labels: list[str], pooled: dict, goal: float = 0.5):
+    """Each batch's project / TRL ratio per kind (a point per batch, joined in batch order),
+    the mean over the batches with its 95% interval (a line and a band of the kind's colour)
+    and the goal as a dashed line: the `pool` table at a glance. Returns a matplotlib
+    ``Figure`` (drawn through Agg, no pyplot state)."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(max(6.0, 0.28 * len(labels) + 2), 3.8))
+    ax = figure.add_subplot()
+    positions = range(len(labels))
+    for (kind, entry), colour in zip(pooled.items(), ("tab:blue", "tab:orange", "tab:green")):
+        if entry is None:
+            continue
+        points = [(x, r) for x, r in zip(positions, entry["per_batch"]) if r is not None]
+        stats = entry["batch_ratio"]
+        ax.plot([x for x, _ in points], [r for _, r in points], "o-", color=colour, markersize=4, linewidth=1,
+                label=f"{kind}: mean {_mean_and_interval(stats)}")
+        if math.isfinite(stats["ci"]):
+            ax.axhspan(stats["mean"] - stats["ci"], stats["mean"] + stats["ci"], color=colour, alpha=0.15)
+        ax.axhline(stats["mean"], color=colour, linewidth=0.8)
+    ax.axhline(goal, color="black", linestyle="--", linewidth=1, label=f"goal: {goal}x")
+    ax.set_xticks(list(positions), labels, fontsize=7)
+    ax.set_xlabel("batch")
+    ax.set_ylabel("project / TRL, seconds per step")
+    ax.set_title("Side by side with TRL: each batch's ratio, the mean and its 95% interval", fontsize=9)
+    ax.legend(fontsize=7, loc="upper right")
+    figure.tight_layout()
+    return figure
+
+
 def compare(args) -> int:
     peer_dir = Path(args.peer_dir).resolve()
     model_path = args.model or str(peer_dir / "tiny-sft")
@@ -440,10 +477,15 @@ def main(argv: list[str] | None = None) -> int:
     pooled = sub.add_parser("pool", help="pool the runs of several compare batches")
     pooled.add_argument("batches", nargs="+", metavar="BATCH",
                         help="a compare --out JSON, or a file holding what compare printed")
+    pooled.add_argument("--plot", metavar="PNG", help="also draw each batch's ratio, the mean and its interval")
     args = parser.parse_args(argv)
     if args.command == "pool":
         batches = [load_batch(path) for path in args.batches]
-        print(format_pooled({kind: pool(batches, kind) for kind in KINDS}))
+        table = {kind: pool(batches, kind) for kind in KINDS}
+        print(format_pooled(table))
+        if args.plot:
+            pooled_figure([batch_label(path) for path in args.batches], table).savefig(args.plot, dpi=100)
+            print(f"plot: {args.plot}")
         return 0
     if args.command == "model":
         print(build_model(args.out))

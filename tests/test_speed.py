@@ -106,6 +106,16 @@ def test_batches_pool_from_their_json_or_printed_lines(tmp_path):
     # one batch has no interval: its ratio alone
     one = speed.format_pooled({"ppo": speed.pool(batches[:1], "ppo")}).splitlines()[-1]
     assert one.endswith("| 0.40 | 0.400 |")
+    # the plot draws the same numbers: each batch's ratio, the mean, its interval, the goal
+    figure = speed.pooled_figure([speed.batch_label(first), speed.batch_label(tmp_path / "batch07.txt")],
+                                 {"ppo": pooled, "grpo": None})
+    ax = figure.axes[0]
+    ratios, mean, goal = ax.lines
+    assert list(ratios.get_ydata()) == pytest.approx([0.4, 0.25]) and list(ratios.get_xdata()) == [0, 1]
+    assert list(mean.get_ydata()) == pytest.approx([0.325, 0.325]) and list(goal.get_ydata()) == [0.5, 0.5]
+    band = ax.patches[0]  # the interval: a rectangle across the axes, in data coordinates on y
+    assert (band.get_y(), band.get_y() + band.get_height()) == pytest.approx((0.325 - 0.95295, 0.325 + 0.95295))
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["first", "7"]
     empty = tmp_path / "empty.txt"
     empty.write_text("nothing ran\n")
     with pytest.raises(ValueError, match="empty.txt: no runs"):

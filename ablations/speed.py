@@ -54,7 +54,7 @@ from typing import Sequence
 
 import torch
 
-from ablations.stats import mean_ci95
+from ablations.stats import mean_ci95, paired_difference
 from ppo.tasks.base import Problem, Score
 
 KINDS = ("grpo", "ppo")
@@ -248,12 +248,12 @@ def run_project_subprocess(kind: str, seed: int, steps: int, model_path: str, ev
         return json.loads(out.read_text())
 
 
-def paired_ratios(runs: list[dict], kind: str) -> list[float]:
-    """project / TRL for each pair of adjacent runs of `kind` with the same seed, in run
+def adjacent_pairs(runs: list[dict], kind: str) -> list[tuple[dict, dict]]:
+    """`(trl, project)` for each pair of adjacent runs of `kind` with the same seed, in run
     order (`compare` runs each seed's two systems back to back, so a pair shares the
-    machine's state; the ratio of medians over all runs mixes spells)."""
+    machine's state and the start model). A run whose partner never came is left out."""
     waiting: dict = {}  # seed -> a run whose partner has not come yet
-    ratios = []
+    pairs = []
     for run in runs:
         if run["kind"] != kind:
             continue
@@ -261,9 +261,35 @@ def paired_ratios(runs: list[dict], kind: str) -> list[float]:
         if other is None or other["system"] == run["system"]:
             waiting[run.get("seed")] = run
             continue
-        trl, mine = (other, run) if other["system"] == "trl" else (run, other)
-        ratios.append(run_median(mine) / run_median(trl))
-    return ratios
+        pairs.append((other, run) if other["system"] == "trl" else (run, other))
+    return pairs
+
+
+def paired_ratios(runs: list[dict], kind: str) -> list[float]:
+    """project / TRL seconds per step for each adjacent same-seed pair (`adjacent_pairs`);
+    the ratio of medians over all runs mixes spells."""
+    return [run_median(mine) / run_median(trl) for trl, mine in adjacent_pairs(runs, kind)]
+
+
+QUALITY_KEYS = (("greedy", "after_test_greedy_acc"), ("sampled at T = 1", "after_test_sample_t1_acc"))
+
+
+def quality_differences(runs: list[dict], kind: str) -> dict:
+    """Held-out accuracy after training, project minus TRL, paired by seed (adjacent pairs
+    that both evaluated): for greedy and sampled decoding, `ablations.stats.paired_difference`
+    (mean, 95% interval, whether it excludes 0, and the smallest gap these pairs would detect)
+    and the two systems' means. Empty when no pair evaluated."""
+    pairs = [(trl, mine) for trl, mine in adjacent_pairs(runs, kind)
+             if "after_test_greedy_acc" in trl and "after_test_greedy_acc" in mine]
+    if not pairs:
+        return {}
+    out = {}
+    for label, key in QUALITY_KEYS:
+        base = {i: trl[key] for i, (trl, _) in enumerate(pairs)}
+        variant = {i: mine[key] for i, (_, mine) in enumerate(pairs)}
+        out[label] = {**paired_difference(base, variant), "trl_mean": statistics.mean(base.values()),
+                      "project_mean": statistics.mean(variant.values())}
+    return out
 
 
 def run_median(run: dict) -> float:
@@ -288,6 +314,7 @@ def summarize(runs: list[dict]) -> dict:
         if "trl" in systems and "project" in systems:
             systems["ratio"] = systems["project"]["median"] / systems["trl"]["median"]
             systems["paired_ratios"] = paired_ratios(runs, kind)
+            systems["quality"] = quality_differences(runs, kind)
     return table
 
 
@@ -309,6 +336,15 @@ def format_summary(table: dict) -> str:
         paired = ", ".join(f"{r:.2f}" for r in systems.get("paired_ratios", [])) or "-"
         lines.append(f"| {kind} | {_median_and_range(trl)} | {_median_and_range(mine)} | {ratio} | {paired} "
                      f"| {quality(trl)} / {quality(mine)} |")
+    rows = [(kind, label, d) for kind, systems in table.items() for label, d in systems.get("quality", {}).items()]
+    if rows:
+        lines += ["", "| work | held-out accuracy after | TRL / project (means) | project - TRL, paired by seed "
+                  "(95% interval) | pairs | the interval excludes 0 | smallest gap these pairs detect |",
+                  "|---|---|---|---|---|---|---|"]
+        for kind, label, d in rows:
+            lines.append(f"| {kind} | {label} | {d['trl_mean']:.3f} / {d['project_mean']:.3f} | "
+                         f"{d['mean']:+.3f} ({d['mean'] - d['ci']:+.3f} to {d['mean'] + d['ci']:+.3f}) | {d['n']} | "
+                         f"{'yes' if d['separated'] else 'no'} | {d['detectable']:.3f} |")
     return "\n".join(lines)
 
 

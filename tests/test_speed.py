@@ -70,6 +70,33 @@ def test_paired_ratios_pair_each_seeds_adjacent_runs_only():
     assert speed.paired_ratios(runs, "grpo") == []
 
 
+def test_quality_after_training_is_differenced_by_seed_with_its_interval():
+    """Greedy TRL 0.5, 0.6, 0.7 against project 0.3, 0.4, 0.8: differences -0.2, -0.2, +0.1,
+    mean -0.1, sd sqrt(0.03) = 0.1732, half-width 4.303 * 0.1732 / sqrt(3) = 0.430, so the
+    interval holds 0; the smallest gap 3 pairs at this spread detect is (4.303 + 1.061) * 0.1
+    = 0.536. A pair without an evaluation on both sides is left out."""
+    def run(system, seed, greedy=None, sampled=None):
+        out = {"system": system, "kind": "ppo", "seed": seed, "step_times_all": [0.0] * 4 + [0.1]}
+        if greedy is not None:
+            out.update(after_test_greedy_acc=greedy, after_test_sample_t1_acc=sampled)
+        return out
+    runs = [run("trl", 42, 0.5, 0.30), run("project", 42, 0.3, 0.31),
+            run("project", 43, 0.4, 0.35), run("trl", 43, 0.6, 0.30),
+            run("trl", 44, 0.7, 0.40), run("project", 44, 0.8, 0.50),
+            run("trl", 45), run("project", 45, 0.9, 0.9)]
+    quality = speed.quality_differences(runs, "ppo")
+    greedy, sampled = quality["greedy"], quality["sampled at T = 1"]
+    assert greedy["n"] == 3 and greedy["mean"] == pytest.approx(-0.1)
+    assert greedy["ci"] == pytest.approx(0.4303, abs=1e-3) and not greedy["separated"]
+    assert greedy["detectable"] == pytest.approx(0.536, abs=1e-3)
+    assert (greedy["trl_mean"], greedy["project_mean"]) == pytest.approx((0.6, 0.5))
+    # sampled: +0.01, +0.05, +0.10 -> mean 0.0533, sd 0.04509, half-width 0.1120
+    assert sampled["mean"] == pytest.approx(0.16 / 3) and sampled["ci"] == pytest.approx(0.1120, abs=1e-3)
+    text = speed.format_summary(speed.summarize(runs))
+    assert "| ppo | greedy | 0.600 / 0.500 | -0.100 (-0.530 to +0.330) | 3 | no | 0.536 |" in text
+    assert speed.quality_differences(runs, "grpo") == {}
+
+
 def test_batches_pool_from_their_json_or_printed_lines(tmp_path):
     """`pool` takes each run's median from its step times (a compare --out JSON) or as printed,
     pools every run per system, and pairs seeds only inside a batch."""

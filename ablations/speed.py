@@ -279,7 +279,12 @@ def quality_differences(runs: list[dict], kind: str) -> dict:
     that both evaluated): for greedy and sampled decoding, `ablations.stats.paired_difference`
     (mean, 95% interval, whether it excludes 0, and the smallest gap these pairs would detect)
     and the two systems' means. Empty when no pair evaluated."""
-    pairs = [(trl, mine) for trl, mine in adjacent_pairs(runs, kind)
+    return quality_of_pairs(adjacent_pairs(runs, kind))
+
+
+def quality_of_pairs(pairs: list[tuple[dict, dict]]) -> dict:
+    """`quality_differences` over given `(trl, project)` pairs (`pool` takes them per batch)."""
+    pairs = [(trl, mine) for trl, mine in pairs
              if "after_test_greedy_acc" in trl and "after_test_greedy_acc" in mine]
     if not pairs:
         return {}
@@ -336,16 +341,24 @@ def format_summary(table: dict) -> str:
         paired = ", ".join(f"{r:.2f}" for r in systems.get("paired_ratios", [])) or "-"
         lines.append(f"| {kind} | {_median_and_range(trl)} | {_median_and_range(mine)} | {ratio} | {paired} "
                      f"| {quality(trl)} / {quality(mine)} |")
-    rows = [(kind, label, d) for kind, systems in table.items() for label, d in systems.get("quality", {}).items()]
-    if rows:
-        lines += ["", "| work | held-out accuracy after | TRL / project (means) | project - TRL, paired by seed "
-                  "(95% interval) | pairs | the interval excludes 0 | smallest gap these pairs detect |",
-                  "|---|---|---|---|---|---|---|"]
-        for kind, label, d in rows:
-            lines.append(f"| {kind} | {label} | {d['trl_mean']:.3f} / {d['project_mean']:.3f} | "
-                         f"{d['mean']:+.3f} ({d['mean'] - d['ci']:+.3f} to {d['mean'] + d['ci']:+.3f}) | {d['n']} | "
-                         f"{'yes' if d['separated'] else 'no'} | {d['detectable']:.3f} |")
-    return "\n".join(lines)
+    return "\n".join(lines + format_quality(table))
+
+
+def format_quality(table: dict) -> list[str]:
+    """The lines of the quality table (after a blank line) for a `summarize` or `pool` table's
+    ``quality`` entries; none when no pair evaluated."""
+    rows = [(kind, label, d) for kind, entry in table.items() if entry
+            for label, d in entry.get("quality", {}).items()]
+    if not rows:
+        return []
+    lines = ["", "| work | held-out accuracy after | TRL / project (means) | project - TRL, paired by seed "
+             "(95% interval) | pairs | the interval excludes 0 | smallest gap these pairs detect |",
+             "|---|---|---|---|---|---|---|"]
+    for kind, label, d in rows:
+        lines.append(f"| {kind} | {label} | {d['trl_mean']:.3f} / {d['project_mean']:.3f} | "
+                     f"{d['mean']:+.3f} ({d['mean'] - d['ci']:+.3f} to {d['mean'] + d['ci']:+.3f}) | {d['n']} | "
+                     f"{'yes' if d['separated'] else 'no'} | {d['detectable']:.3f} |")
+    return lines
 
 
 # ---- several batches pooled ----------------------------------------------------------------
@@ -373,15 +386,18 @@ def pool(batches: list[list[dict]], kind: str) -> dict | None:
     pairs taken inside each batch (a pair never spans two batches), how many are at or under
     0.5, and each batch's own ratio with their mean and its 95% interval (`batch_ratio`, Student t
     over the batches: each batch ran in its own spell of the machine, so a batch, not a run, is
-    the unit the ratio varies by); None without runs of both systems."""
+    the unit the ratio varies by), and the held-out accuracy after training of the pairs that
+    evaluated (`quality_of_pairs`); None without runs of both systems."""
     table = summarize([run for batch in batches for run in batch]).get(kind, {})
     if "ratio" not in table:
         return None
     # the pairs of the runs put together could join two batches' runs: taken per batch instead
     pairs = [ratio for batch in batches for ratio in paired_ratios(batch, kind)]
     per_batch = [summarize(batch).get(kind, {}).get("ratio") for batch in batches]
+    quality = quality_of_pairs([pair for batch in batches for pair in adjacent_pairs(batch, kind)])
     return {**table, "paired_ratios": pairs, "pairs_at_or_under_half": sum(r <= 0.5 for r in pairs),
-            "per_batch": per_batch, "batch_ratio": mean_ci95(r for r in per_batch if r is not None)}
+            "per_batch": per_batch, "batch_ratio": mean_ci95(r for r in per_batch if r is not None),
+            "quality": quality}
 
 
 def format_pooled(pooled: dict) -> str:
@@ -398,7 +414,7 @@ def format_pooled(pooled: dict) -> str:
         lines.append(f"| {kind} | {runs} | {_median_and_range(entry['trl'])} "
                      f"| {_median_and_range(entry['project'])} | {entry['ratio']:.3f} | {entry['pairs_at_or_under_half']} of {len(pairs)} | "
                      f"{spread} | {per_batch} | {_mean_and_interval(entry['batch_ratio'])} |")
-    return "\n".join(lines)
+    return "\n".join(lines + format_quality(pooled))
 
 
 def _mean_and_interval(stats: dict) -> str:

@@ -95,6 +95,13 @@ def test_quality_after_training_is_differenced_by_seed_with_its_interval():
     text = speed.format_summary(speed.summarize(runs))
     assert "| ppo | greedy | 0.600 / 0.500 | -0.100 (-0.530 to +0.330) | 3 | no | 0.536 |" in text
     assert speed.quality_differences(runs, "grpo") == {}
+    # pooled batches pair inside each batch: TRL's seed 45 at the end of one batch and the
+    # project's at the start of the next are not a pair, and pool prints the same table
+    first, second = runs[:6] + [run("trl", 45, 0.1, 0.1)], [run("project", 45, 0.9, 0.9)]
+    pooled = speed.pool([first, second], "ppo")
+    assert pooled["quality"]["greedy"]["n"] == 3 and pooled["quality"]["greedy"]["mean"] == pytest.approx(-0.1)
+    assert "| ppo | greedy | 0.600 / 0.500 | -0.100 (-0.530 to +0.330) | 3 | no | 0.536 |" in speed.format_pooled(
+        {"ppo": pooled})
 
 
 def test_batches_pool_from_their_json_or_printed_lines(tmp_path):

@@ -33,7 +33,9 @@ One batch moves with the machine's spell (ratios 0.05-0.1 apart with no code cha
 printed) and reports the medians over all their runs, the ratio, every batch's adjacent
 same-seed pairs, and the batches' own ratios with their mean and its 95% interval (the batch
 being the unit the ratio varies by); docs/results/data/speed/ holds the batches
-docs/performance.md pools.
+docs/performance.md pools. Runs made with ``--evaluate`` add a second table to what ``compare``
+and ``pool`` print: the held-out accuracy after training, project minus TRL paired by seed, with
+its 95% interval and the smallest gap those pairs would detect.
 """
 
 from __future__ import annotations

@@ -276,16 +276,12 @@ def paired_ratios(runs: list[dict], kind: str) -> list[float]:
 QUALITY_KEYS = (("greedy", "after_test_greedy_acc"), ("sampled at T = 1", "after_test_sample_t1_acc"))
 
 
-def quality_differences(runs: list[dict], kind: str) -> dict:
-    """Held-out accuracy after training, project minus TRL, paired by seed (adjacent pairs
-    that both evaluated): for greedy and sampled decoding, `ablations.stats.paired_difference`
-    (mean, 95% interval, whether it excludes 0, and the smallest gap these pairs would detect)
-    and the two systems' means. Empty when no pair evaluated."""
-    return quality_of_pairs(adjacent_pairs(runs, kind))
-
-
 def quality_of_pairs(pairs: list[tuple[dict, dict]]) -> dict:
-    """`quality_differences` over given `(trl, project)` pairs (`pool` takes them per batch)."""
+    """Held-out accuracy after training, project minus TRL, over `(trl, project)` pairs
+    (`adjacent_pairs`; `pool` takes them per batch) that both evaluated: for greedy and sampled
+    decoding, `ablations.stats.paired_difference` (mean, 95% interval, whether it excludes 0,
+    and the smallest gap these pairs would detect) and the two systems' means. Empty when no
+    pair evaluated."""
     pairs = [(trl, mine) for trl, mine in pairs
              if "after_test_greedy_acc" in trl and "after_test_greedy_acc" in mine]
     if not pairs:
@@ -321,7 +317,7 @@ def summarize(runs: list[dict]) -> dict:
         if "trl" in systems and "project" in systems:
             systems["ratio"] = systems["project"]["median"] / systems["trl"]["median"]
             systems["paired_ratios"] = paired_ratios(runs, kind)
-            systems["quality"] = quality_differences(runs, kind)
+            systems["quality"] = quality_of_pairs(adjacent_pairs(runs, kind))
     return table
 
 
@@ -357,9 +353,10 @@ def format_quality(table: dict) -> list[str]:
              "(95% interval) | pairs | the interval excludes 0 | smallest gap these pairs detect |",
              "|---|---|---|---|---|---|---|"]
     for kind, label, d in rows:
+        detectable = f"{d['detectable']:.3f}" if math.isfinite(d["detectable"]) else "-"  # none from one pair
         lines.append(f"| {kind} | {label} | {d['trl_mean']:.3f} / {d['project_mean']:.3f} | "
-                     f"{d['mean']:+.3f} ({d['mean'] - d['ci']:+.3f} to {d['mean'] + d['ci']:+.3f}) | {d['n']} | "
-                     f"{'yes' if d['separated'] else 'no'} | {d['detectable']:.3f} |")
+                     f"{_mean_and_interval(d, signed=True)} | {d['n']} | "
+                     f"{'yes' if d['separated'] else 'no'} | {detectable} |")
     return lines
 
 
@@ -419,11 +416,14 @@ def format_pooled(pooled: dict) -> str:
     return "\n".join(lines + format_quality(pooled))
 
 
-def _mean_and_interval(stats: dict) -> str:
-    """``0.482 (0.460 to 0.503)``: a `mean_ci95` result; the mean alone for one batch."""
+def _mean_and_interval(stats: dict, signed: bool = False) -> str:
+    """``0.482 (0.460 to 0.503)``, or with `signed` ``-0.100 (-0.530 to +0.330)``: a
+    `mean_ci95` result; the mean alone where there is no interval (one batch, one pair)."""
+    cell = "{:+.3f}" if signed else "{:.3f}"
     if not math.isfinite(stats["ci"]):
-        return f"{stats['mean']:.3f}"
-    return f"{stats['mean']:.3f} ({stats['mean'] - stats['ci']:.3f} to {stats['mean'] + stats['ci']:.3f})"
+        return cell.format(stats["mean"])
+    low, high = (cell.format(stats["mean"] + side * stats["ci"]) for side in (-1, 1))
+    return f"{cell.format(stats['mean'])} ({low} to {high})"
 
 
 def batch_label(path: str | Path) -> str:

@@ -84,7 +84,7 @@ def test_quality_after_training_is_differenced_by_seed_with_its_interval():
             run("project", 43, 0.4, 0.35), run("trl", 43, 0.6, 0.30),
             run("trl", 44, 0.7, 0.40), run("project", 44, 0.8, 0.50),
             run("trl", 45), run("project", 45, 0.9, 0.9)]
-    quality = speed.quality_differences(runs, "ppo")
+    quality = speed.quality_of_pairs(speed.adjacent_pairs(runs, "ppo"))
     greedy, sampled = quality["greedy"], quality["sampled at T = 1"]
     assert greedy["n"] == 3 and greedy["mean"] == pytest.approx(-0.1)
     assert greedy["ci"] == pytest.approx(0.4303, abs=1e-3) and not greedy["separated"]
@@ -94,7 +94,9 @@ def test_quality_after_training_is_differenced_by_seed_with_its_interval():
     assert sampled["mean"] == pytest.approx(0.16 / 3) and sampled["ci"] == pytest.approx(0.1120, abs=1e-3)
     text = speed.format_summary(speed.summarize(runs))
     assert "| ppo | greedy | 0.600 / 0.500 | -0.100 (-0.530 to +0.330) | 3 | no | 0.536 |" in text
-    assert speed.quality_differences(runs, "grpo") == {}
+    assert speed.quality_of_pairs(speed.adjacent_pairs(runs, "grpo")) == {}
+    # one pair has no interval and no detectable gap: its difference alone
+    assert "| ppo | greedy | 0.500 / 0.300 | -0.200 | 1 | no | - |" in speed.format_summary(speed.summarize(runs[:2]))
     # pooled batches pair inside each batch: TRL's seed 45 at the end of one batch and the
     # project's at the start of the next are not a pair, and pool prints the same table
     first, second = runs[:6] + [run("trl", 45, 0.1, 0.1)], [run("project", 45, 0.9, 0.9)]

@@ -100,24 +100,16 @@ def sft_loss(model, input_ids, attention_mask, labels) -> torch.Tensor:
 
 
 def train_sft(config: SFTConfig, output_dir: str | Path | None = None, progress: bool = True,
-              stop_after: int | None = None, threads: int | None = None):
+              stop_after: int | None = None):
     """Train the warm start from scratch; returns `(model, tokenizer)` (and saves if asked).
 
     `stop_after` ends the run after that many steps with the learning-rate schedule of the
     full `config.steps` run unchanged: the result is the full run's own intermediate
     checkpoint (same batches, same updates), not a shorter run with its own schedule.
-
-    `threads` runs the training at another intra-op thread count than `config.threads`
-    (which stays in the cache key). On a CPU whose kernels split their work the same way at
-    any thread count the weights do not change: on the 2-core machine the 700-step warm
-    start at 1 thread equals the one at 2 bit for bit (tests/test_sft.py checks a few steps).
-    The test suite uses it to build the warm start on one core beside the other tests.
     """
     if stop_after is not None and not 1 <= stop_after <= config.steps:
         raise ValueError(f"stop_after must be in [1, {config.steps}] (SFTConfig.steps), got {stop_after}")
-    if threads is not None and threads <= 0:
-        raise ValueError(f"threads must be positive, got {threads}")
-    torch.set_num_threads(threads or config.threads)
+    torch.set_num_threads(config.threads)
     torch.manual_seed(config.seed)
     rng = random.Random(config.seed)
     task = config.task()
@@ -166,14 +158,13 @@ def save_atomically(model, tokenizer, output_dir: Path, extra: dict | None = Non
 
 
 def warm_start(config: SFTConfig | None = None, cache_dir: str | Path | None = None,
-               progress: bool = True, force: bool = False, stop_after: int | None = None,
-               threads: int | None = None) -> Path:
+               progress: bool = True, force: bool = False, stop_after: int | None = None) -> Path:
     """The directory of the cached SFT model for `config`, training it if needed.
 
     The directory also holds ``sft_info.json`` with the config, training time and the
     held-out baseline metrics. `stop_after` (PPOConfig.warm_start_steps) asks for the
     run's checkpoint after that many steps, a weaker start cached next to the full one;
-    `stop_after == config.steps` is the full warm start itself. `threads`: see `train_sft`.
+    `stop_after == config.steps` is the full warm start itself.
     """
     config = config or SFTConfig()
     cache_dir = Path(cache_dir or DEFAULT_CACHE_DIR)
@@ -191,15 +182,14 @@ def warm_start(config: SFTConfig | None = None, cache_dir: str | Path | None = N
         try:
             if (output_dir / "sft_info.json").is_file() and not force:
                 return output_dir
-            return _train_and_save(config, output_dir, progress, stop_after, threads)
+            return _train_and_save(config, output_dir, progress, stop_after)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _train_and_save(config: SFTConfig, output_dir: Path, progress: bool, stop_after: int | None = None,
-                    threads: int | None = None) -> Path:
+def _train_and_save(config: SFTConfig, output_dir: Path, progress: bool, stop_after: int | None = None) -> Path:
     start = time.perf_counter()
-    model, tokenizer = train_sft(config, progress=progress, stop_after=stop_after, threads=threads)
+    model, tokenizer = train_sft(config, progress=progress, stop_after=stop_after)
     train_seconds = time.perf_counter() - start
     metrics = evaluate(model, tokenizer, config.task(), config.max_new_tokens, seed=config.seed)
     info = {"config": json.loads(json.dumps(asdict(config), default=list)),

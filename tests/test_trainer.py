@@ -65,7 +65,6 @@ def test_resume_matches_a_straight_run(tmp_path, tiny_model_dir):
     assert straight.kl_controller.value == resumed.kl_controller.value != 0.05  # adaptive beta restored
 
 
-@pytest.mark.all_threads
 def test_a_run_is_the_same_whether_its_warm_start_was_built_or_cached(tmp_path, tiny_model_dir, monkeypatch):
     """The first run in a fresh clone trains the SFT warm start, which seeds and draws from the
     global RNGs and sets the thread count; the run that follows must be the one a cached warm

@@ -12,8 +12,6 @@ import pytest
 from ppo.config import preset
 from ppo.trainer import RLTrainer
 
-pytestmark = pytest.mark.warm_start
-
 
 def run(tmp_path, name, **overrides):
     config = preset(name, testbed=True, output_dir=str(tmp_path / name), progress=False, **overrides)

@@ -7,7 +7,10 @@ import torch
 # cores: oversubscribed torch threads stall each other and slow everything down many times.
 # (Measured: the suite with a cached warm start took 287 s and building the warm start 230-260 s;
 # run side by side, to hide the build of a fresh clone behind the other tests, they took 741 s
-# and 652 s. So the first test that needs the warm start builds it, alone.)
+# and 652 s. A build on one thread beside the other tests, also held at one thread, switched to
+# two once they were done, weights bit for bit the same: 376 s against 401 s in sequence in one
+# pair of fresh-cache runs, since the other tests' own subprocesses share the cores too. So the
+# first test that needs the warm start builds it, alone.)
 torch.set_num_threads(int(os.environ.get("PPO_TEST_THREADS", "2")))
 
 

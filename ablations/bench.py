@@ -149,7 +149,7 @@ def _old_pass_rows(trainer, rollout):
     """The rows the old-policy and old-critic passes run over: with `reuse_update_forward`,
     all but the update's first micro-batch (whose own forward gives them; any rows of that
     count stand for it here)."""
-    if not trainer.reuses_update_forward:
+    if not trainer.passes.reuses_update_forward:
         return rollout
     return select_rollout(rollout, torch.arange(trainer.micro_batch_size(len(rollout)), len(rollout)))
 

@@ -38,16 +38,15 @@ class ExperienceBuffer:
         return self.tensors[name]
 
     def select(self, indices: torch.Tensor) -> dict[str, torch.Tensor]:
-        return {name: t[indices] for name, t in self.tensors.items()}
+        """The rows `indices` of every tensor, and `rows`: those indices (which samples these are)."""
+        return {**{name: t[indices] for name, t in self.tensors.items()}, "rows": indices}
 
     def iterate(self, epochs: int, num_minibatches: int, micro_batches: int,
-                generator: torch.Generator | None = None,
-                first_order: torch.Tensor | None = None) -> Iterator[tuple[int, int, list[dict[str, torch.Tensor]]]]:
+                generator: torch.Generator | None = None) -> Iterator[tuple[int, int, list[dict[str, torch.Tensor]]]]:
         """Yield ``(epoch, minibatch_index, [micro_batch, ...])`` with shuffled indices.
 
         The caller accumulates gradients over the micro-batches of a minibatch, then steps
-        its optimizer once. `first_order` is the first epoch's permutation when the caller
-        drew it already from `generator` (to run the first micro-batch's forward early).
+        its optimizer once. Each epoch's order is one ``torch.randperm`` from `generator`.
         """
         size = len(self)
         if size % num_minibatches:
@@ -57,7 +56,7 @@ class ExperienceBuffer:
             raise ValueError(f"minibatch of {minibatch_size} is not divisible into {micro_batches} micro-batches")
         micro_size = minibatch_size // micro_batches
         for epoch in range(epochs):
-            order = first_order if epoch == 0 and first_order is not None else torch.randperm(size, generator=generator)  # [B]
+            order = torch.randperm(size, generator=generator)  # [B]
             for m in range(num_minibatches):
                 minibatch = order[m * minibatch_size:(m + 1) * minibatch_size]
                 micro = [self.select(minibatch[k * micro_size:(k + 1) * micro_size]) for k in range(micro_batches)]

@@ -94,15 +94,14 @@ def test_floor_counts_only_unavoidable_passes(tmp_path, tiny_model_dir):
                 value_init="policy", eval_every=0)
     ppo = RLTrainer(PPOConfig(output_dir=str(tmp_path / "p"), ppo_epochs=2, num_minibatches=2, **base))
     torch.manual_seed(0)
-    rollout = ppo._sample_and_score(ppo.accelerator.unwrap_model(ppo.policy), 8,
-                                    _NullTimer()).rollout
+    rollout = ppo._sample_and_score(8).rollout
     flops = floor_flops(ppo, rollout)
     # two optimizer steps per batch: the old critic's values need their own pass
     assert set(flops) == {"generate", "reference_forward", "value_forward", "update"}
     assert flops["reference_forward"] == flops["generate"]
     # ... over the rows outside the update's first micro-batch, whose own pass gives theirs
     critic = ppo.accelerator.unwrap_model(ppo.value_model)
-    assert ppo.reuses_update_forward
+    assert ppo.passes.reuses_update_forward
     assert flops["value_forward"] < sequence_flops(critic, rollout, backward=False)
     assert flops["value_forward"] == sequence_flops(critic, select_rollout(rollout, torch.arange(4, 8)), backward=False)
     # each epoch: forward + backward (3x a forward) of policy and of a same-sized critic
@@ -118,13 +117,6 @@ def test_floor_counts_only_unavoidable_passes(tmp_path, tiny_model_dir):
     assert all(torch.equal(a, b) for a, b in zip(before, ppo.policy.parameters()))
     assert all(p.grad is None for p in ppo.policy.parameters())
     assert matmul_throughput(torch.nn.Linear(16, 16), tokens=32, repeats=2) > 1e6
-
-
-class _NullTimer:
-    def __call__(self, phase):
-        import contextlib
-
-        return contextlib.nullcontext()
 
 
 def test_format_bench_reports_ratio_and_phases():

@@ -17,7 +17,7 @@ from ppo.logprobs import (_unpadded_inputs, response_logprobs, response_logprobs
                           trim_padding)
 from ppo.rollout import generate
 from ppo.tiny_model import TinyModelConfig, build_tiny_model
-from ppo import trainer as trainer_module
+from ppo import forward_passes as passes_module
 from ppo.optimization import adamw_kernel
 from ppo.trainer import RLTrainer
 from value_model import ScalarHeadModel
@@ -267,7 +267,7 @@ def test_reusing_the_update_forward_changes_nothing(tmp_path, tiny_model_dir, na
     # update shuffles the rows: a separate old pass would give ratios of 1 +- 5e-7, where the
     # per-row layouts give 1 exactly. This test is about the reuse, so it keeps those.
     monkeypatch.setattr(batch_layouts, "ONE_PASS_MAX_SCORES", 0)
-    passes, logprobs = [], trainer_module.response_logprobs
+    passes, logprobs = [], passes_module.response_logprobs
 
     def recorded(model, query_ids, *rest, **options):  # (rows, with autograd) of every log-prob pass
         passes.append((len(query_ids), torch.is_grad_enabled()))
@@ -277,13 +277,13 @@ def test_reusing_the_update_forward_changes_nothing(tmp_path, tiny_model_dir, na
         passes.append((len(query_ids), torch.is_grad_enabled()))
         return pair(policy, value_model, query_ids, *rest, **options)
 
-    pair = trainer_module.response_logprobs_and_values
-    monkeypatch.setattr(trainer_module, "response_logprobs", recorded)
-    monkeypatch.setattr(trainer_module, "response_logprobs_and_values", recorded_pair)
+    pair = passes_module.response_logprobs_and_values
+    monkeypatch.setattr(passes_module, "response_logprobs", recorded)
+    monkeypatch.setattr(passes_module, "response_logprobs_and_values", recorded_pair)
     reused = _run(config)
     reused_passes, passes[:] = sorted(passes), []
     separate = _run(config.replace(reuse_update_forward=False, output_dir=str(tmp_path / "b")))
-    assert reused[0].reuses_update_forward and not separate[0].reuses_update_forward
+    assert reused[0].passes.reuses_update_forward and not separate[0].passes.reuses_update_forward
     batch, micro = 8, 8 // minibatches
     reference = [(batch, False)]  # the reference model's pass, over every row either way
     updates = [(micro, True)] * (epochs * minibatches)  # one forward with autograd per micro-batch

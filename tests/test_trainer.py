@@ -159,7 +159,7 @@ def test_one_tensorboard_event_per_step_holds_what_add_scalar_would(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from torch.utils.tensorboard import SummaryWriter
 
-    from ppo.trainer import write_scalars
+    from ppo.run_loop import write_scalars
 
     scalars = {"kl": 0.25, "reward": -1.5, "eval_sampled_accuracy": 0.625}
     plain, batched = SummaryWriter(str(tmp_path / "a")), SummaryWriter(str(tmp_path / "b"))

@@ -1,0 +1,185 @@
+"""The teacher-forced forward passes of a step, with every exact speed path behind one object.
+
+A step runs four kinds of pass over its rollout: the old policy's log-probs, the frozen
+reference's log-probs and the old critic's values (phase 3, no autograd), then the update's
+log-probs, entropies and values (with autograd). `RLTrainer.train_step` asks for each by
+name and never sees how it is computed:
+
+    old_logprobs = passes.old_logprobs(rollout)   # [B, T]
+    ref_logprobs = passes.ref_logprobs(rollout)   # [B, T] or None (beta = 0)
+    values = passes.values(rollout)               # [B, T] or None (no critic)
+    outputs = passes.update(micro_batch)          # logprobs, entropy (and values) [b, T]
+
+The speed paths, each exact (a test compares it on and off) and each a `PPOConfig` field:
+
+- `reuse_update_forward`: the policy cannot move before the update's first optimizer step,
+  so the update's first micro-batch is drawn early (the first epoch's shuffle, peeked at
+  without consuming the generator: the buffer draws the very same order) and its forward
+  pass with autograd also gives those rows' old log-probs and values; the old passes run
+  over the other rows only, and `update` hands the kept outputs to that micro-batch
+  (tests/test_lean_forward.py `test_reusing_the_update_forward_changes_nothing`).
+- `lean_forward`, `share_prompt_prefix`, `padding_free`, `paired_critic_pass`,
+  `compile_forward`: how each pass runs through the model (`ppo.lean_forward`, enabled on
+  the models at set-up; `ppo.logprobs` picks the path per call).
+- `logprobs_from_generation` (TRL's choice, not a speed path): old log-probs from the
+  sampler's logits instead of a pass.
+
+Each pass counts its wall time towards its phase (`time_policy_forward`, ...).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import lean_forward
+from .logprobs import logprobs_from_logits, response_logprobs, response_logprobs_and_values, response_values
+from .policy import scoring_mode, set_training
+from .rollout import Rollout
+
+
+def rollout_args(rollout: Rollout) -> tuple:
+    """The four ``[B, ...]`` tensors every pass takes: query ids and mask, response ids and mask."""
+    return rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.response_mask
+
+
+@dataclass
+class _ReusedForward:
+    """The update's first micro-batch (`order`, in the micro-batch's order) and its pass:
+    `outputs` (log-probs, entropies, values ``[b, T]``) over `rows` (the same rows, sorted),
+    `update_outputs` in the micro-batch's order. `rest` are the rows the old passes still run."""
+
+    order: torch.Tensor
+    rows: torch.Tensor
+    rest: torch.Tensor
+    outputs: dict
+    update_outputs: dict
+
+
+class ForwardPasses:
+    """The old, reference, value and update passes of one trainer (see the module docstring).
+
+    Args:
+        policy, value_model: the trained models as accelerate prepared them (the update's
+            backward runs through them); `value_model` None without a critic.
+        ref_policy: the frozen reference, or None when beta = 0.
+        config: the run's `PPOConfig`.
+        shuffle_generator: the buffer's minibatch-order generator (peeked at, never advanced).
+        micro_batch_size: rows per update micro-batch for a local batch of a given size.
+        timer: the trainer's `ppo.metrics.PhaseTimer`.
+    """
+
+    def __init__(self, policy, value_model, ref_policy, config, shuffle_generator: torch.Generator,
+                 micro_batch_size, timer):
+        self.policy, self.value_model, self.ref_policy = policy, value_model, ref_policy
+        self.config = config
+        self.shuffle_generator = shuffle_generator
+        self.micro_batch_size = micro_batch_size
+        self.timer = timer
+        # Dropout would make the early pass differ from the old policy's (eval-mode) pass.
+        self.reuses_update_forward = (
+            config.reuse_update_forward and not config.logprobs_from_generation
+            and not any(lean_forward.dropout_active(m) for m in (policy, value_model) if m is not None))
+        self._reused: _ReusedForward | None = None
+
+    @property
+    def temperature(self) -> float:
+        """The temperature every pass divides the logits by (`scale_logits_by_temperature`)."""
+        return self.config.temperature if self.config.scale_logits_by_temperature else 1.0
+
+    # -- phase 3: the old policy, the reference and the old critic (no autograd) --------
+    def old_logprobs(self, rollout: Rollout) -> torch.Tensor:
+        """The behaviour policy's log-probs of the sampled tokens, ``[B, T]``."""
+        self._reused = self._reuse_first_micro_batch(rollout) if self.reuses_update_forward else None
+        with torch.no_grad(), scoring_mode(self.policy, self.value_model), self.timer("policy_forward"):
+            if self.config.logprobs_from_generation:
+                return logprobs_from_logits(rollout.generation_logits, rollout.response_ids, self.temperature)
+            return self._old_pass(rollout, "logprobs", lambda *args: response_logprobs(
+                self.policy, *args, temperature=self.temperature))
+
+    def ref_logprobs(self, rollout: Rollout) -> torch.Tensor | None:
+        """The frozen reference's log-probs, ``[B, T]``; None without a reference (beta = 0)."""
+        if self.ref_policy is None:
+            return None
+        # With LoRA the reference is the policy itself (adapter off): its mode matters too.
+        with torch.no_grad(), scoring_mode(self.policy, self.value_model), self.timer("reference_forward"):
+            return response_logprobs(self.ref_policy, *rollout_args(rollout), temperature=self.temperature)
+
+    def values(self, rollout: Rollout) -> torch.Tensor | None:
+        """The old critic's values, zero on padding, ``[B, T]``; None without a critic."""
+        if self.value_model is None:
+            return None
+        with torch.no_grad(), scoring_mode(self.policy, self.value_model), self.timer("value_forward"):
+            values = self._old_pass(rollout, "values", lambda *args: response_values(self.value_model, *args))
+        return values * rollout.response_mask.float()
+
+    # -- phase 7: the update (autograd) ----------------------------------------------------
+    def update(self, micro: dict) -> dict:
+        """The update's log-probs and entropies (and, with a critic, values) of a micro-batch,
+        ``[b, T]`` each, with autograd."""
+        reused = self._reused
+        if reused is not None and torch.equal(micro["rows"], reused.order):
+            self._reused = None  # the pass ran before the advantages: it was the old policy's too
+            return reused.update_outputs
+        return self._update_pass(tuple(micro[name] for name in
+                                       ("query_ids", "query_mask", "response_ids", "response_mask")))
+
+    def _update_pass(self, args: tuple) -> dict:
+        if self.value_model is not None:  # one pass of both when paired (paired_critic_pass)
+            return response_logprobs_and_values(self.policy, self.value_model, *args, temperature=self.temperature)
+        logprobs, entropy = response_logprobs(self.policy, *args, temperature=self.temperature, with_entropy=True)
+        return {"logprobs": logprobs, "entropy": entropy}
+
+    # -- reuse_update_forward ---------------------------------------------------------------
+    def _reuse_first_micro_batch(self, rollout: Rollout) -> _ReusedForward:
+        """Run the update's first micro-batch's pass now (see the module docstring)."""
+        state = self.shuffle_generator.get_state()
+        order = torch.randperm(len(rollout.response_ids), generator=self.shuffle_generator)  # the first epoch's
+        self.shuffle_generator.set_state(state)  # the buffer draws this same order
+        size = self.micro_batch_size(len(order))
+        # The pass sees its rows in the batch's own order, as the other passes see them (with
+        # one minibatch: the very same batch, so the reference KL of an unmoved policy is 0).
+        rows, position = order[:size].sort()
+        inverse = torch.empty_like(position).scatter_(0, position, torch.arange(size))  # micro-batch row -> pass row
+        device = rollout.response_ids.device
+        rows, inverse = rows.to(device), inverse.to(device)
+        with self.timer("update"):
+            for model in (self.policy, self.value_model):
+                if model is not None:
+                    set_training(model, True)
+            outputs = self._update_pass(tuple(t[rows] for t in rollout_args(rollout)))
+        return _ReusedForward(order=order[:size], rows=rows, rest=order[size:].sort().values.to(device),
+                              outputs=outputs, update_outputs={name: value[inverse] for name, value in outputs.items()})
+
+    def _old_pass(self, rollout: Rollout, name: str, run) -> torch.Tensor:
+        """`run(*args)` over the rollout, or, with a reused forward, its detached outputs for
+        its rows and `run` over the rest only."""
+        args = rollout_args(rollout)
+        reused = self._reused
+        if reused is None:
+            return run(*args)
+        first = reused.outputs[name].detach()  # [b, T]
+        out = first.new_empty(len(args[0]), *first.shape[1:])
+        out[reused.rows] = first
+        if len(reused.rest):
+            out[reused.rest] = run(*(t[reused.rest] for t in args))
+        return out
+
+    def sampling_temperature_kl(self, rollout: Rollout, kl_k1: torch.Tensor) -> torch.Tensor:
+        """Per-token k1 KL to the reference at the *sampling* temperature, ``[B, T]``.
+
+        `kl_k1` is measured at the temperature the loss uses: the sampling temperature with
+        `scale_logits_by_temperature`, else 1. Runs that differ in that toggle would compare
+        KLs of different distributions; this one is the same quantity for both (the KL of
+        the distributions actually sampled from), at the cost of two extra no-grad passes
+        when the two temperatures differ.
+        """
+        cfg = self.config
+        if cfg.scale_logits_by_temperature or cfg.temperature == 1.0:
+            return kl_k1
+        with torch.no_grad(), scoring_mode(self.policy, self.value_model):
+            args = rollout_args(rollout)
+            policy = response_logprobs(self.policy, *args, temperature=cfg.temperature)
+            reference = response_logprobs(self.ref_policy, *args, temperature=cfg.temperature)
+        return (policy - reference) * rollout.response_mask.float()

@@ -1,0 +1,136 @@
+"""Building a run's models and optimizers: the policy, its frozen reference, the critic, the
+reward model, AdamW and the learning-rate schedules, placed by accelerate.
+
+Implementation details that live here:
+
+- **The warm start** (`PPOConfig.model_path`, `warm_start_steps`): a local HF checkpoint,
+  or the testbed's cached SFT model (`ppo.sft.warm_start`), found before seeds are set.
+- **The reference is the initial policy** (`uses_reference_model`): a frozen deep copy; with
+  LoRA the policy's own base model with the adapter disabled (`ppo.lora`); none at beta = 0.
+- **The critic's initialisation** (`PPOConfig.value_init`): from the reward model with a
+  zeroed head (AlpacaFarm), from the policy with a zeroed head, or random (`value_model/`).
+- **Dropout off** (`disable_dropout`), gradient checkpointing and LoRA (memory toggles).
+- **Frozen models under the policy's autocast** (`ppo.precision.prepare_frozen`): otherwise
+  bf16 fakes a KL at step 1.
+- **The lean forward** (`lean_forward`, `paired_critic_pass`, ...): switched on here for the
+  models it supports; `ppo.forward_passes` is where a step meets it.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from value_model import ScalarHeadModel
+
+from . import distributed, lean_forward
+from .lora import AdapterDisabledReference, apply_lora
+from .optimization import build_lr_scheduler, build_optimizers
+from .policy import (declared_stop_token_ids, disable_dropout, enable_gradient_checkpointing, load_policy,
+                     resolve_max_prompt_length)
+from .precision import cast_master_weights, master_dtype, prepare_frozen
+
+
+def warm_start_path(config) -> str:
+    """`config.model_path`, or the testbed's cached SFT warm start (built if missing: the
+    main process builds or finds it, the others wait for it)."""
+    if config.model_path is not None:
+        return config.model_path
+    from .sft import warm_start
+
+    model_path = None
+    if distributed.is_main_process():
+        model_path = str(warm_start(progress=config.progress, stop_after=config.warm_start_steps))
+    return distributed.broadcast_object(model_path)
+
+
+def setup_models(trainer, model_path: str | None, policy=None, tokenizer=None) -> None:
+    """Load or take the policy and build everything around it, set on `trainer`:
+
+    ``model_path, tokenizer, stop_token_ids, max_prompt_length`` (settled and checked against
+    the context up front), ``policy`` / ``value_model`` (as accelerate prepared them: the
+    update's backward runs through them), ``policy_module`` (the unwrapped policy: sampling,
+    evaluation), ``ref_policy``, ``reward_model``, ``policy_optimizer``, ``value_optimizer``,
+    ``schedulers`` and ``model_parameters`` (each trained model's parameters, for clipping
+    and the finiteness guard; looked up once, as checkpoints load into them).
+    """
+    config, accelerator = trainer.config, trainer.accelerator
+    if policy is None:
+        trainer.model_path = model_path
+        policy, tokenizer = load_policy(model_path, dropout=not config.disable_dropout,
+                                        dtype=master_dtype(config.model_dtype),
+                                        attn_implementation=config.attn_implementation)
+    elif tokenizer is None:
+        raise ValueError("pass the tokenizer together with the policy")
+    else:
+        trainer.model_path = None
+        cast_master_weights(policy, config.model_dtype)
+        if config.disable_dropout:
+            disable_dropout(policy)
+    trainer.tokenizer = tokenizer
+    trainer.stop_token_ids = config.stop_token_ids or declared_stop_token_ids(policy, tokenizer)
+    trainer.max_prompt_length = resolve_max_prompt_length(policy, config.max_prompt_length, config.response_length)
+    ref_policy = None
+    if config.uses_reference_model and not config.lora_r:
+        ref_policy = copy.deepcopy(policy).eval().requires_grad_(False)
+    value_model = build_value_model(config, policy, trainer.device) if config.uses_value_model else None
+    policy = apply_memory_toggles(config, policy, value_model)
+    reward_model = None
+    if config.reward_model_path:
+        reward_model = ScalarHeadModel.from_pretrained(
+            config.reward_model_path, dtype=master_dtype(config.model_dtype),
+            attn_implementation=config.attn_implementation).eval().requires_grad_(False)
+
+    # The critic gets its own AdamW by default (separate_value_optimizer).
+    policy_optimizer, value_optimizer = build_optimizers(config, policy, value_model)
+    trainer.schedulers = [build_lr_scheduler(opt, config.lr_schedule, config.warmup_steps, config.total_steps)
+                          for opt in (policy_optimizer, value_optimizer) if opt is not None]
+    trained = [m for m in (policy, value_model, policy_optimizer, value_optimizer) if m is not None]
+    prepared = iter(accelerator.prepare(*trained))
+    trainer.policy = next(prepared)
+    trainer.value_model = next(prepared) if value_model is not None else None
+    trainer.policy_optimizer = next(prepared)
+    trainer.value_optimizer = next(prepared) if value_optimizer is not None else None
+    trainer.policy_module = accelerator.unwrap_model(trainer.policy)
+    value_module = accelerator.unwrap_model(trainer.value_model) if value_model is not None else None
+    trainer.model_parameters = [list(model.parameters()) if model is not None else []
+                                for model in (trainer.policy, trainer.value_model)]
+    if ref_policy is not None:
+        ref_policy = prepare_frozen(accelerator, ref_policy)
+    elif config.uses_reference_model:
+        ref_policy = AdapterDisabledReference(trainer.policy, trainer.policy_module)
+    trainer.ref_policy = ref_policy
+    trainer.reward_model = prepare_frozen(accelerator, reward_model) if reward_model is not None else None
+    if config.lean_forward and config.mixed_precision == "no":  # autocast lives in the module call
+        lean_forward.enable(trainer.policy_module, trainer.ref_policy, value_module, compile=config.compile_forward,
+                            share_prompts=config.share_prompt_prefix, padding_free=config.padding_free)
+        if config.paired_critic_pass:  # one stacked update pass of policy and critic when shapes match
+            lean_forward.pair(trainer.policy_module, value_module)
+
+
+def build_value_model(config, policy, device) -> ScalarHeadModel:
+    """The critic, initialised as `config.value_init` says."""
+    if config.value_init == "reward_model":
+        model = ScalarHeadModel.from_pretrained(config.reward_model_path, zero_head=True)
+    elif config.value_init == "policy":
+        model = ScalarHeadModel.from_policy(policy, head_init="zero")
+    else:
+        model = ScalarHeadModel.random_like(policy)
+    if config.disable_dropout:
+        disable_dropout(model)
+    return cast_master_weights(model, config.model_dtype).to(device)
+
+
+def apply_memory_toggles(config, policy, value_model):
+    """LoRA adapters (ppo/lora.py) and gradient checkpointing, on the policy and critic."""
+    if config.gradient_checkpointing:
+        enable_gradient_checkpointing(policy)
+        if value_model is not None:
+            enable_gradient_checkpointing(value_model)
+    if config.lora_r:
+        policy = apply_lora(policy, config.lora_r, config.lora_alpha, config.lora_target_modules)
+        if value_model is not None and config.lora_critic:
+            value_model.backbone = apply_lora(value_model.backbone, config.lora_r, config.lora_alpha,
+                                              config.lora_target_modules, task_type=None)
+        if config.disable_dropout:
+            disable_dropout(policy)
+    return policy

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from accelerate import Accelerator
 
 from gae import estimate_advantages, whiten
 from value_model.reward_model import last_token_scores
@@ -80,6 +79,8 @@ class RLTrainer:
 
     def __init__(self, config: PPOConfig, task=None, prompts: list[str] | None = None,
                  reward_fn: Callable | None = None, policy=None, tokenizer=None):
+        from accelerate import Accelerator  # looked up per run: tests swap in an fp16-on-CPU one
+
         config.validate_for_run()
         self.config = config
         self.accelerator = Accelerator(cpu=config.device == "cpu", mixed_precision=config.mixed_precision)

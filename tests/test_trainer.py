@@ -192,7 +192,7 @@ def test_kl_at_the_sampling_temperature_is_one_quantity_for_both_temperature_tog
     unscaled = RLTrainer(config.replace(scale_logits_by_temperature=False, output_dir=str(tmp_path / "u")),
                          prompts=prompts, reward_fn=count_ones)
     seen = {}
-    measure = unscaled._sampling_temperature_kl
+    measure = unscaled.passes.sampling_temperature_kl
 
     def spy(rollout, kl_k1):
         seen["rollout"], seen["kl_k1"] = rollout, kl_k1
@@ -201,7 +201,7 @@ def test_kl_at_the_sampling_temperature_is_one_quantity_for_both_temperature_tog
         return seen["out"]
 
     unscaled.train_step()
-    unscaled._sampling_temperature_kl = spy
+    unscaled.passes.sampling_temperature_kl = spy
     metrics = unscaled.train_step()
     from ppo.logprobs import response_logprobs
     policy = unscaled.accelerator.unwrap_model(unscaled.policy)

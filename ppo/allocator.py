@@ -10,11 +10,10 @@ the process for reuse instead; the faults fall to a few per step.
 
 Nothing numerical changes: the same kernels run on the same values, only the addresses
 differ. The price is resident memory: up to `TRIM_THRESHOLD` of freed memory stays mapped,
-so a process's resident size stays near its peak instead of falling between steps. Measured
-on the testbed presets (2 threads, 40-120 steps): peak RSS 788 MB with it and 806 MB without
-(AlpacaFarm), 716 and 689 MB (GRPO). The worst case is a heap that fragments: a process that
-only allocates and frees one 40 MiB tensor over and over holds 500 MB with it, 221 MB
-without. glibc only (Linux): elsewhere it does nothing, and with another allocator preloaded
+so a process's resident size stays near its peak instead of falling between steps (on the
+testbed presets peak memory is about the same with and without it). The worst case is a
+heap that fragments: a process that allocates and frees one large tensor over and over can
+hold about twice the memory it would without. glibc only (Linux): elsewhere it does nothing, and with another allocator preloaded
 (jemalloc, tcmalloc) the settings reach only glibc's, which then serves no tensors.
 """
 from __future__ import annotations

@@ -138,9 +138,7 @@ def contiguous_blocks(tensors: Sequence[torch.Tensor]) -> tuple[list[torch.Tenso
     tile none: ``(blocks, rest)``, together exactly the elements of `tensors` (tied tensors
     counted once). A paired policy and critic live in one ``[2, N]`` tensor
     (ppo/model_pairs.py `side_by_side`), so a pass over their 104 weights becomes one
-    reduction over one block: the finiteness check after every PPO step of the identical work
-    took 1.6 ms as per-tensor norms (torch's CPU ``_foreach_norm`` runs one kernel per tensor)
-    and 0.7 ms with the block (its norm 0.4 ms, the grouping here the rest).
+    reduction over one block instead of one kernel per tensor (torch's CPU ``_foreach_norm``).
 
     >>> rows = torch.arange(6.0)
     >>> blocks, rest = contiguous_blocks([rows[3:], rows[:3], torch.ones(2)])

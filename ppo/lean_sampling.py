@@ -52,9 +52,9 @@ def sample(model, query_ids: torch.Tensor, query_mask: torch.Tensor, max_new_tok
     rows draw too and are overwritten by pad), or argmax when greedy. Non-finite logits are an
     error, as they are for ``torch.multinomial``.
     """
-    # Inference mode skips autograd's version counters and view tracking (a sampling batch of
-    # the identical work: 23.3 vs 25.7 ms); its tensors are copied on the way out, so the
-    # rollout's ids and logits are ordinary tensors the update may use under autograd.
+    # Inference mode skips autograd's version counters and view tracking; its tensors are
+    # copied on the way out, so the rollout's ids and logits are ordinary tensors the update
+    # may use under autograd.
     with torch.inference_mode():
         response, logits = _sample_loop(model, query_ids, query_mask, max_new_tokens, stop_token_ids,
                                         pad_token_id, temperature, greedy, return_logits)
@@ -124,7 +124,7 @@ def _draw(logits: torch.Tensor) -> torch.Tensor:
     """One token per row from softmax(`logits`): what ``torch.multinomial(probs, 1)`` computes
     on the CPU (argmax of probs / q for q ~ Exp(1), drawn from the global generator), the same
     samples for a seed, without the call's per-step input checks (two reductions and two reads
-    back each step; the loop checks its logits once, at the end) that cost 0.1 ms a step here."""
+    back each step; the loop checks its logits once, at the end)."""
     probs = torch.softmax(logits, dim=-1)
     if probs.device.type != "cpu":  # another device's kernel draws differently: use it
         return torch.multinomial(probs, num_samples=1).squeeze(1)
@@ -139,8 +139,7 @@ def _drop_finished_rows(cache: lean_forward.KVCache, rows: torch.Tensor, unfinis
     """Drop the cache rows of finished responses once they are a quarter of it; returns the
     batch rows the cache holds now and their key mask (`running` rows are unfinished). Rows do
     not interact, so the running rows compute what they would have (a sampling step's cost
-    falls with its rows: on the testbed's 4-layer Llama 12.4 ms at 64 rows, 7.9 at 32), and
-    the cache is copied only a few times per batch."""
+    falls with its rows), and the cache is copied only a few times per batch."""
     if running > COMPACT_BELOW * len(rows):
         return rows, key_mask
     keep = unfinished[rows].nonzero().squeeze(1)

@@ -158,8 +158,7 @@ def step_optimizers(accelerator, optimizers: list) -> None:
 def _step(optimizer) -> None:
     """``optimizer.step()``, skipping accelerate's wrapper where all it would do is call the
     torch optimizer's step (no loss scaler, no XLA all-reduce, gradients synchronised): the
-    wrapper looks up on every call whether an optional package is installed (0.1-0.2 ms a
-    step on the identical work)."""
+    wrapper looks up on every call whether an optional package is installed."""
     from accelerate.optimizer import AcceleratedOptimizer
     from accelerate.utils import DistributedType
 

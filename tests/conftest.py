@@ -5,14 +5,6 @@ import torch
 
 # Two threads match the 2-core CI machine. Set PPO_TEST_THREADS=1 when other jobs share the
 # cores: oversubscribed torch threads stall each other and slow everything down many times.
-# (Measured: the suite with a cached warm start took 287 s and building the warm start 230-260 s;
-# run side by side, to hide the build of a fresh clone behind the other tests, they took 741 s
-# and 652 s. A build on one thread beside the other tests, also held at one thread, switched to
-# two once they were done, weights bit for bit the same: 376 s against 401 s in sequence in one
-# pair of fresh-cache runs, since the other tests' own subprocesses share the cores too. So the
-# first test that needs the warm start builds it, alone. The other tests on two pytest-xdist
-# workers at one thread each: 118 s against 145 s here, one pair; not worth a second pytest
-# call and a dependency.)
 torch.set_num_threads(int(os.environ.get("PPO_TEST_THREADS", "2")))
 
 

@@ -1,8 +1,8 @@
 """`PPOConfig`: every implementation detail of the PPO / GRPO loop as one named field.
 
 The config *is* the documentation: fields are grouped in the order the algorithm runs (run
-and models, sampling, rewards, KL, advantages, losses, optimisation), then logging, devices
-and memory, and the exact speed toggles last. Each carries a short help string with its
+and models, rollout and difficulty filtering, rewards, KL, advantages, the update's losses,
+optimisation), then logging, devices, precision and memory, and the exact speed toggles last. Each carries a short help string with its
 source (AlpacaFarm, TRL, "The N+ Implementation Details of RLHF with PPO", DeepSeekMath,
 Dr. GRPO, DAPO, Kimi k1.5, ...); ``ppo-train --help`` prints them as a checklist, the long
 story of each is its row in docs/implementation-details.md, and two runs are compared by
@@ -85,7 +85,8 @@ def _f(default: Any, help: str, **kwargs) -> Any:
 
 @dataclass
 class PPOConfig:
-    """All settings of one RL run. Field help strings give what, why and source."""
+    """All settings of one RL run. Each field's help says what it does and cites its source;
+    its row in docs/implementation-details.md says why, what it costs and how it is tested."""
 
     # ------------------------------------------------------------------ run and model
     model_path: str | None = _f(None, "Policy checkpoint: any local Hugging Face causal LM directory. None starts from the testbed's cached SFT warm start.")

@@ -29,7 +29,8 @@ from pathlib import Path
 
 import yaml
 
-from .config import PRESETS, PPOConfig, field_help, parse_override, preset, read_yaml_mapping
+from .config import (PRESETS, RENAMED_FIELDS, PPOConfig, field_help, parse_override, preset, read_yaml_mapping,
+                     upgrade_field_names)
 
 
 def _yaml_value(text: str):
@@ -57,17 +58,20 @@ def build_parser() -> argparse.ArgumentParser:
         text = f"{field_help()[f.name]} [default: {getattr(defaults, f.name)!r}]"
         group.add_argument(flag, dest=f.name, type=_yaml_value, default=None, metavar="V",
                            help=text.replace("%", "%%"))  # argparse formats help with %
+    for old, new in RENAMED_FIELDS.items():
+        group.add_argument("--" + old.replace("_", "-"), dest=old, type=_yaml_value, default=None, metavar="V",
+                           help=f"deprecated: old name of --{new.replace('_', '-')}")
     return parser
 
 
 def config_from_args(args: argparse.Namespace) -> PPOConfig:
+    # Each source is upgraded to the current field names on its own, so an old name in one
+    # source overrides the new name in a lower one instead of clashing with it.
     overrides = {}
     if args.config:
-        overrides.update(read_yaml_mapping(args.config))
-    for f in fields(PPOConfig):
-        value = getattr(args, f.name)
-        if value is not None:
-            overrides[f.name] = value
+        overrides.update(upgrade_field_names(read_yaml_mapping(args.config)))
+    flags = {name: getattr(args, name) for name in [f.name for f in fields(PPOConfig)] + list(RENAMED_FIELDS)}
+    overrides.update(upgrade_field_names({name: value for name, value in flags.items() if value is not None}))
     for text in args.set:
         name, value = parse_override(text)
         overrides[name] = value
@@ -78,7 +82,7 @@ def config_from_args(args: argparse.Namespace) -> PPOConfig:
         if not saved.exists():
             raise FileNotFoundError(f"{saved}: nothing to resume")
         try:
-            return PPOConfig.from_dict({**read_yaml_mapping(saved), **overrides})
+            return PPOConfig.from_dict({**upgrade_field_names(read_yaml_mapping(saved)), **overrides})
         except ValueError as error:
             raise ValueError(f"{saved}: {error}") from None
     if args.preset:

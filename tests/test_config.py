@@ -1,7 +1,13 @@
-import pytest
+import re
+import warnings
 
+import pytest
+import yaml
+
+import ppo.cli
 from ppo.cli import build_parser, config_from_args
 from ppo.config import PRESETS, TESTBED_ADJUSTMENTS, TESTBED_SCALE, PPOConfig, field_help, parse_override, preset
+from ppo.run_dir import resume_changes
 
 
 @pytest.mark.parametrize(
@@ -41,13 +47,42 @@ def test_every_field_has_help():
 
 
 def test_cli_help_prints_every_field_verbatim():
-    """`ppo.cli --help` formats every field's help; a '%' in it (retain_freed_memory quotes
-    percentages) must come out as written, not break argparse's formatting."""
     text = "".join(build_parser().format_help().split())  # argparse re-wraps lines (and at hyphens)
     for name, help_text in field_help().items():
         assert "--" + name.replace("_", "-") in text
         assert "".join(help_text.split())[:60] in text, name
-    assert "0-6%" in text
+
+
+def test_cli_help_prints_a_percent_sign_as_written(monkeypatch):
+    """argparse formats help strings with %: a '%' in a field's help must not break it."""
+    helps = {name: f"{text} Up to 5% of it." for name, text in field_help().items()}
+    monkeypatch.setattr(ppo.cli, "field_help", lambda: helps)
+    assert "Upto5%ofit." in "".join(build_parser().format_help().split())
+
+
+# A sentence ends at . ! or ? followed by a space and a capital letter (so "e.g. 'q_proj'"
+# and "Ziegler et al. 2019" do not end one).
+_SENTENCE_END = re.compile(r"[.!?]\s+(?=[A-Z])")
+# A timing or a measured ratio: "2 minutes", "80 ms", "0-6%", "0.85x".
+_MEASUREMENT = re.compile(r"\d\s*(%|ms\b|seconds?\b|minutes?\b)|\d\.\d+x\b")
+
+
+@pytest.mark.parametrize("name", list(field_help()))
+def test_help_is_at_most_two_sentences_without_measurements(name):
+    """The long story of a field is its row in docs/implementation-details.md."""
+    text = field_help()[name]
+    assert len(_SENTENCE_END.findall(text)) <= 1, f"{name}: more than two sentences: {text}"
+    assert not _MEASUREMENT.search(text), f"{name}: a measurement belongs in the catalogue row: {text}"
+
+
+def test_fields_follow_the_algorithm_with_speed_toggles_last():
+    names = list(field_help())
+    firsts = ["model_path", "rollout_batch_size", "missing_eos", "kl_coef", "advantage_estimator", "ppo_epochs",
+              "lr", "eval_every", "mixed_precision", "lean_forward"]
+    assert [names.index(name) for name in firsts] == sorted(names.index(name) for name in firsts)
+    speed = {"lean_forward", "compile_forward", "share_prompt_prefix", "padding_free", "paired_critic_pass",
+             "reuse_update_forward", "retain_freed_memory"}
+    assert set(names[-len(speed):]) == speed
 
 
 def test_alpacafarm_preset_values():
@@ -97,3 +132,72 @@ def test_overrides_and_cli_precedence(tmp_path):
     config = config_from_args(args)
     assert (config.kl_coef, config.seed, config.lam, config.rollout_batch_size) == (0.2, 7, 0.9, 64)
     assert config.kl_clip_at_zero is True  # from the preset
+
+
+# ---------------------------------------------------------------- renamed fields
+OLD, NEW = "whiten_rewards_over_padding", "reward_whitening_mode"
+
+
+def test_renamed_field_loads_from_a_dict_and_a_yaml_file(tmp_path):
+    with pytest.warns(FutureWarning, match=NEW):
+        assert PPOConfig.from_dict({OLD: "alpacafarm"}).reward_whitening_mode == "alpacafarm"
+    (tmp_path / "c.yaml").write_text(f"{OLD}: stats\n")
+    with pytest.warns(FutureWarning, match=NEW):
+        assert PPOConfig.from_yaml(tmp_path / "c.yaml").reward_whitening_mode == "stats"
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match=rf"PPOConfig\.{NEW}: given twice"):
+        PPOConfig.from_dict({NEW: "masked", OLD: "stats"})
+
+
+def test_renamed_field_as_a_keyword_and_in_replace_and_preset():
+    with pytest.warns(FutureWarning, match=NEW):
+        assert PPOConfig(**{OLD: True}).reward_whitening_mode == "stats"  # true/false of the oldest configs
+    with pytest.warns(FutureWarning, match=NEW):
+        assert PPOConfig().replace(**{OLD: "stats"}).reward_whitening_mode == "stats"
+    with pytest.warns(FutureWarning, match=NEW):  # the old name overrides the preset's new one
+        assert preset("alpacafarm", **{OLD: "masked"}).reward_whitening_mode == "masked"
+
+
+def test_renamed_field_reads_under_its_old_name():
+    config = preset("alpacafarm")
+    with pytest.warns(DeprecationWarning, match=NEW):
+        assert getattr(config, OLD) == "alpacafarm"
+    with pytest.raises(AttributeError):
+        setattr(config, OLD, "masked")
+    assert OLD not in config.to_dict() and config.to_dict()[NEW] == "alpacafarm"
+
+
+def test_renamed_field_in_overrides_and_cli_flags(tmp_path):
+    with pytest.warns(FutureWarning, match=NEW):
+        assert parse_override(f"{OLD.replace('_', '-')}=stats") == (NEW, "stats")
+    with pytest.warns(FutureWarning, match=NEW):
+        args = build_parser().parse_args(["--preset", "grpo", "--set", f"{OLD}=alpacafarm"])
+        assert config_from_args(args).reward_whitening_mode == "alpacafarm"
+    with pytest.warns(FutureWarning, match=NEW):
+        args = build_parser().parse_args(["--preset", "grpo", "--" + OLD.replace("_", "-"), "stats"])
+        assert config_from_args(args).reward_whitening_mode == "stats"
+    (tmp_path / "c.yaml").write_text(f"{NEW}: stats\n")
+    with pytest.warns(FutureWarning, match=NEW):  # a flag overrides the file even under the old name
+        args = build_parser().parse_args(["--config", str(tmp_path / "c.yaml"), "--" + OLD.replace("_", "-"),
+                                          "alpacafarm"])
+        assert config_from_args(args).reward_whitening_mode == "alpacafarm"
+
+
+def test_a_run_whose_config_yaml_has_the_old_name_resumes(tmp_path):
+    config = preset("alpacafarm", testbed=True, output_dir=str(tmp_path))
+    stored = {(OLD if name == NEW else name): value for name, value in config.to_dict().items()}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(stored, sort_keys=False))
+    with pytest.warns(FutureWarning, match=NEW):
+        assert resume_changes(tmp_path, config) == {}
+    with pytest.warns(FutureWarning, match=NEW):
+        args = build_parser().parse_args(["--output-dir", str(tmp_path), "--resume", "--total-steps", "7"])
+        resumed = config_from_args(args)
+    assert resumed == config.replace(total_steps=7)
+
+
+def test_current_names_load_without_warnings(tmp_path):
+    config = preset("alpacafarm", testbed=True)
+    config.to_yaml(tmp_path / "c.yaml")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert PPOConfig.from_yaml(tmp_path / "c.yaml") == config
+        assert parse_override(f"{NEW}=stats") == (NEW, "stats")

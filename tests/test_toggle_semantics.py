@@ -168,8 +168,8 @@ def test_alpacafarm_whitening_keeps_padding_and_feeds_it_through_gae():
     # The short response's first token collects the padding's whitened reward in its return.
     assert advantages[1, 0].item() == pytest.approx(stats_only[1, 0].item() + pad_value, abs=1e-5)
     assert masked_advantages[1, 0].item() == pytest.approx(stats_only[1, 0].item(), abs=1e-6)
-    assert preset("alpacafarm").whiten_rewards_over_padding == "alpacafarm"
-    assert PPOConfig(whiten_rewards_over_padding=True).whiten_rewards_over_padding == "stats"  # old configs
+    assert preset("alpacafarm").reward_whitening_mode == "alpacafarm"
+    assert PPOConfig(reward_whitening_mode=True).reward_whitening_mode == "stats"  # configs from before its modes
 
 
 # ---------------------------------------------------------------- 6. adaptive KL controllers

@@ -1,0 +1,185 @@
+"""Named presets: each one a plain dictionary of the `PPOConfig` fields it changes.
+
+``python -c "from ppo.presets import PRESETS; print(PRESETS['alpacafarm'])"`` shows exactly
+what a preset sets; `preset(name)` builds the config. `TESTBED_SCALE` shrinks batch sizes
+and step counts for the CPU testbed without touching algorithmic settings, and
+`TESTBED_ADJUSTMENTS` holds the few per-preset changes the testbed needs beyond scaling
+(`preset(name, testbed=True)`). docs/implementation-details.md ("Presets") describes each.
+``ppo.config`` re-exports all four names.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import PPOConfig
+
+# Plain data: each preset lists only the fields it changes from the `PPOConfig` defaults.
+PRESETS: dict[str, dict[str, Any]] = {
+    # AlpacaFarm's PPO (examples/scripts/rlhf_ppo.sh, src/alpaca_farm/rl/ppo_trainer.py,
+    # ppo_utils.py, rl_trainer.py). docs/implementation-details.md lists each field's source.
+    "alpacafarm": dict(
+        kl_coef=0.0067,  # rlhf_ppo.sh --kl_coef 0.0067, fixed controller
+        adaptive_kl=False,
+        kl_estimator="k1",  # logprobs - ref_logprobs
+        kl_clip_at_zero=True,  # _shape_reward: torch.clamp(kl, min=0.0)
+        kl_placement="reward",
+        whiten_rewards=True,  # whiten_rewards=True, shift_mean=False
+        reward_whitening_mode="alpacafarm",  # whitens the padded [B, T] tensor, GAE over every column
+        kl_controller="alpacafarm",  # used when adaptive_kl: kl_controller.py, k_beta 0.1
+        kl_k_beta=0.1,
+        whiten_advantages=True,
+        gamma=1.0,
+        lam=1.0,
+        cliprange=0.2,
+        cliprange_value=0.2,
+        vf_coef=0.1,
+        entropy_coef=0.0,
+        ppo_epochs=2,  # noptepochs 2
+        rollout_batch_size=512,  # rollout_batch_size 512
+        num_minibatches=2,  # step_batch_size 256
+        lr=1e-5,  # shared by policy and value
+        separate_value_optimizer=False,
+        adam_eps=1e-5,
+        warmup_steps=5,
+        lr_schedule="linear",
+        max_grad_norm=1.0,
+        temperature=1.0,
+        missing_eos="none",
+        disable_dropout=True,
+        value_init="reward_model",  # value model = reward model with a zeroed head
+        logprobs_from_generation=False,  # old log-probs recomputed by a forward pass
+        # AlpacaFarm derives its steps from total_epochs x dataset size / rollout_batch_size;
+        # 250 is this preset's choice, not a value AlpacaFarm states.
+        total_steps=250,
+    ),
+    # TRL's PPOTrainer / PPOConfig as of v0.19 (trl/trainer/ppo_config.py, ppo_trainer.py;
+    # sampling settings from OnPolicyConfig in trl/trainer/utils.py).
+    "trl_ppo": dict(
+        kl_coef=0.05,
+        kl_estimator="k1",
+        kl_clip_at_zero=False,
+        kl_placement="reward",
+        gamma=1.0,
+        lam=0.95,
+        whiten_rewards=False,
+        whiten_advantages=True,
+        cliprange=0.2,
+        cliprange_value=0.2,
+        vf_coef=0.1,
+        ppo_epochs=4,
+        num_minibatches=1,
+        temperature=0.7,
+        lr=3e-6,  # examples/scripts/ppo/ppo.py; PPOConfig itself inherits TrainingArguments' 5e-5
+        logprobs_from_generation=True,  # old log-probs from the generation logits / temperature
+        separate_value_optimizer=False,
+        adam_eps=1e-8,  # TRL used the torch default
+        missing_eos="none",  # TRL's missing_eos_penalty defaults to None
+        value_init="reward_model",
+    ),
+    # DeepSeekMath GRPO (Shao et al. 2024, sec. 4.1): G samples per prompt, group-std
+    # advantages, per-sequence length normalisation, k3 KL in the loss with beta 0.04, no
+    # value model. Their RL used G = 64, lr 1e-6, one policy update per rollout batch.
+    "grpo": dict(
+        advantage_estimator="grpo",
+        grpo_scale="group",
+        grpo_eps=1e-4,  # nano-aha-moment; DeepSeekMath does not state its epsilon
+        group_size=8,
+        kl_placement="loss",
+        kl_estimator="k3",
+        kl_coef=0.04,
+        loss_agg="seq_mean_token_mean",
+        whiten_advantages=False,
+        whiten_rewards=False,
+        ppo_epochs=1,
+        num_minibatches=1,
+        cliprange=0.2,
+        lr=1e-6,
+        temperature=1.0,
+    ),
+    # Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): GRPO without the
+    # std division and without per-sequence length normalisation (a constant normaliser),
+    # and no KL term (beta = 0).
+    "dr_grpo": dict(
+        advantage_estimator="dr_grpo",
+        grpo_scale="none",
+        group_size=8,
+        kl_coef=0.0,
+        kl_placement="loss",
+        kl_estimator="k3",
+        loss_agg="seq_mean_token_sum_norm",
+        whiten_advantages=False,
+        ppo_epochs=1,
+        num_minibatches=1,
+        cliprange=0.2,
+        lr=1e-6,
+    ),
+    # RLOO (Ahmadian et al. 2024, "Back to Basics"): leave-one-out baseline, REINFORCE-style
+    # single update, KL in the reward (k1) as in their RLHF setup.
+    "rloo": dict(
+        advantage_estimator="rloo",
+        group_size=8,
+        kl_coef=0.05,
+        kl_placement="reward",
+        kl_estimator="k1",
+        loss_agg="token_mean",
+        whiten_advantages=False,
+        ppo_epochs=1,
+        num_minibatches=1,
+        lr=1e-6,
+    ),
+    # nano-aha-moment's GRPO: group-std advantages with eps 1e-4, token-level loss averaged
+    # over all tokens of the batch, k3 KL in the loss with a small beta, one update per batch.
+    "grpo_nano": dict(
+        advantage_estimator="grpo",
+        grpo_scale="group",
+        grpo_eps=1e-4,
+        group_size=4,
+        kl_placement="loss",
+        kl_estimator="k3",
+        kl_coef=0.001,
+        loss_agg="token_mean",
+        whiten_advantages=False,
+        ppo_epochs=1,
+        num_minibatches=1,
+        lr=1e-6,
+    ),
+}
+
+# Shrinks batch sizes and step counts (and only those, plus settings a 0.9M-parameter
+# model needs, listed below) so a preset runs in minutes on the CPU testbed.
+TESTBED_SCALE: dict[str, Any] = dict(
+    rollout_batch_size=64,  # keeps each preset's rollout/minibatch ratio (num_minibatches unchanged)
+    total_steps=100,
+    response_length=64,
+    eval_every=20,
+    eval_size=256,
+    save_every=0,
+    # Learning rates scale with model size: the presets' values are for 7B models and
+    # barely move a 0.9M-parameter model in 100 steps. Every testbed run uses the same
+    # rate, so comparisons between presets isolate their algorithmic toggles.
+    lr=1e-4,
+)
+
+# Per-preset testbed adjustments that are not pure scaling, each with its reason.
+TESTBED_ADJUSTMENTS: dict[str, dict[str, Any]] = {
+    # The verifiable testbed has no reward model to initialise the critic from; the
+    # nearest equivalent is the SFT backbone with a zeroed head.
+    "alpacafarm": dict(value_init="policy"),
+    "trl_ppo": dict(value_init="policy"),
+}
+
+
+def preset(name: str, testbed: bool = False, **overrides) -> "PPOConfig":
+    """The named preset as a `PPOConfig`, optionally scaled for the CPU testbed."""
+    from .config import PPOConfig, upgrade_field_names  # ppo.config imports this module
+
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
+    values = dict(PRESETS[name])
+    if testbed:
+        values.update(TESTBED_SCALE)
+        values.update(TESTBED_ADJUSTMENTS.get(name, {}))
+    values.update(upgrade_field_names(overrides))
+    return PPOConfig.from_dict(values)

@@ -110,9 +110,9 @@ register(
 register(
     "reward_whitening_scope",
     "Reward whitening as AlpacaFarm does it (padding whitened and fed through GAE) vs its statistics only vs masked.",
-    [Variant("alpacafarm", PPO, {"whiten_rewards_over_padding": "alpacafarm"}),
-     Variant("stats", PPO, {"whiten_rewards_over_padding": "stats"}),
-     Variant("masked", PPO, {"whiten_rewards_over_padding": "masked"})],
+    [Variant("alpacafarm", PPO, {"reward_whitening_mode": "alpacafarm"}),
+     Variant("stats", PPO, {"reward_whitening_mode": "stats"}),
+     Variant("masked", PPO, {"reward_whitening_mode": "masked"})],
     metric="accuracy", extra_metrics=("response_length", "response_length_incorrect", "kl_k1", "vf_loss"),
 )
 register(

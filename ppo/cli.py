@@ -40,7 +40,8 @@ def _yaml_value(text: str):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ppo-train", description=__doc__.split("\n\n")[0],
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        usage="ppo-train [--preset NAME [--testbed]] [--config FILE] [--FIELD VALUE ...] [--output-dir DIR] "
+              "[--resume | --restart]")
     parser.add_argument("--preset", choices=sorted(PRESETS), help="start from a named preset")
     parser.add_argument("--testbed", action="store_true", help="scale the preset's batch sizes and steps for the CPU testbed")
     parser.add_argument("--config", help="YAML file of field: value overrides")

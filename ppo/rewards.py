@@ -155,7 +155,7 @@ def whiten_rewards(
     `shift_mean=False` form divides by the standard deviation but adds the mean back: the
     sign of the average reward still carries information (a batch that is better than the
     baseline should stay positive), while the scale becomes independent of the reward
-    model's units. `over_padding` (`PPOConfig.whiten_rewards_over_padding`) says which
+    model's units. `over_padding` (`PPOConfig.reward_whitening_mode`) says which
     positions it sees:
 
     - `"masked"`: statistics over real response tokens only; padding stays 0.

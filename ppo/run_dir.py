@@ -31,7 +31,7 @@ import time
 import warnings
 from pathlib import Path
 
-from .config import RESUMABLE_FIELDS, PPOConfig, read_yaml_mapping, resume_conflicts
+from .config import RENAMED_FIELDS, RESUMABLE_FIELDS, PPOConfig, read_yaml_mapping, renamed, resume_conflicts
 
 # What a run writes into its directory (--restart removes these and nothing else).
 RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "samples.jsonl", "summary.json", "initial_eval.json",
@@ -54,6 +54,7 @@ def resume_changes(output_dir: Path, config: PPOConfig, allowed: list[str] | tup
         stored = PPOConfig.from_dict(read_yaml_mapping(path))
     except (ValueError, FileNotFoundError) as error:
         raise RunDirectoryError(f"{path}: cannot be read ({error}); repair it, or pass --restart to start over")
+    allowed = [renamed(name) if name in RENAMED_FIELDS else name for name in allowed]
     unknown = sorted(set(allowed) - set(stored.to_dict()))
     if unknown:
         raise RunDirectoryError(f"--allow-change: unknown field(s) {unknown}")

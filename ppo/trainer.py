@@ -201,7 +201,7 @@ class RLTrainer:
         scores = scores + format_reward(batch.well_formed, cfg.format_reward_coef)
         scores = clip_scores(scores, cfg.reward_clip)  # [B]
         token_rewards = shape_rewards(scores, kl, response_mask, beta, kl_in_reward=kl_in_reward)  # [B, T]
-        whitening = cfg.whiten_rewards_over_padding if cfg.whiten_rewards else "masked"
+        whitening = cfg.reward_whitening_mode if cfg.whiten_rewards else "masked"
         if cfg.whiten_rewards:
             token_rewards = whiten_rewards(token_rewards, response_mask, whitening, reduce_sum=distributed.global_sum)
         # AlpacaFarm's exact form runs GAE over every column, padding included.

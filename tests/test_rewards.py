@@ -101,7 +101,7 @@ def test_whiten_rewards_masked_statistics():
     assert close(out, [[0.77526, 3.22474], [2.0, 0.0]])
 
 
-def test_whiten_rewards_over_padding_like_alpacafarm():
+def test_reward_whitening_mode_alpacafarm_like_alpacafarm():
     # {1, 3, 2, 0}: mean 1.5, population var 1.25, std 1.11803; (x - 1.5)/std + 1.5, then * mask
     out = whiten_rewards(WHITEN_REWARDS, WHITEN_MASK, over_padding=True)
     assert close(out, [[1.05279, 2.84164], [1.94721, 0.0]])

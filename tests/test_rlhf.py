@@ -286,7 +286,7 @@ def test_alpacafarm_preset_matches_alpacafarm():
     config = preset("alpacafarm")
     assert config.kl_coef == 0.0067 and not config.adaptive_kl and config.kl_estimator == "k1"
     assert config.kl_clip_at_zero and config.kl_placement == "reward"
-    assert config.whiten_rewards and config.whiten_rewards_over_padding and config.whiten_advantages
+    assert config.whiten_rewards and config.reward_whitening_mode == "alpacafarm" and config.whiten_advantages
     assert config.gamma == 1.0 and config.lam == 1.0
     assert config.cliprange == 0.2 and config.cliprange_value == 0.2 and config.cliprange_high is None
     assert config.vf_coef == 0.1 and config.entropy_coef == 0.0

@@ -17,8 +17,8 @@ Tolerances, and why they are what they are:
   optimizer steps and lands within 1e-6 of the full trainer's, so 1e-5 leaves a factor of ten.
 - Weights to 1e-6 absolute, ten float32 ulps at the size of a norm weight (1.0): the runs
   agree to about one ulp, while the updates move weights by up to 8e-4 (PPO) and 2e-4 (GRPO).
-  A torch AdamW default weight decay of 0.01 (the full trainer uses 0) is off by 6e-6 after one
-  step and fails here; `test_a_changed_setting_fails_the_comparison` checks that a changed
+  Torch's default AdamW weight decay of 0.01 (the full trainer uses 0) is off by 6e-6 after one
+  PPO step (four optimizer steps) and fails here; `test_a_changed_setting_fails_the_comparison` checks that a changed
   clip range (PPO) or learning rate (GRPO) fails too.
 """
 

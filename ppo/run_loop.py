@@ -17,7 +17,7 @@ import warnings
 
 from tqdm.auto import tqdm
 
-from . import distributed, run_dir
+from . import distributed, provenance, run_dir
 from .config import describe
 from .evaluation import evaluate as evaluate_policy
 from .evaluation import preserve_rng_state
@@ -114,6 +114,8 @@ def train(trainer, resume: bool = False, stop_after: int | None = None, restart:
     if initial_eval:
         summary["sampled_accuracy_gain"] = final_eval["sampled_accuracy"] - initial_eval["sampled_accuracy"]
     summary["processes"] = distributed.world_size()
+    # Which code, warm start, libraries, threads and machine made these numbers.
+    summary["provenance"] = provenance.collect(trainer.model_path, cfg.threads, distributed.world_size())
     if main:
         (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary

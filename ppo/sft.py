@@ -6,7 +6,16 @@ model just long enough to be *partially* competent (held-out sampled accuracy ro
 20-50%), leaving RL room to improve, and caches the result on disk keyed by its settings so
 every run, test and ablation starts from the same, deterministic checkpoint.
 
-Run ``ppo-sft`` (or ``python -m ppo.sft``) to build the warm start and print its baseline.
+**The pinned warm start.** Training is deterministic on one kind of CPU, but two kinds of
+CPU round the same products differently, so the same commit builds different weights on
+different machines. Results must start from identical bits everywhere, so the canonical
+warm start (and the weaker checkpoint `PPOConfig.warm_start_steps` uses in the ablations) is
+shipped in the package under ``ppo/warm_start/`` (a few MB of safetensors). `warm_start()`
+returns it when asked for the pinned settings; any other settings are trained and cached.
+
+Run ``ppo-sft`` (or ``python -m ppo.sft``) to print the warm start's held-out baseline;
+``--rebuild`` trains it again here and reports whether the bits equal the pinned ones and,
+when they do not, how far the held-out scores are.
 """
 
 from __future__ import annotations
@@ -32,8 +41,10 @@ from .tasks.arithmetic import LEVELS, ArithmeticTask
 from .tiny_model import TinyModelConfig, build_char_tokenizer, build_tiny_model
 
 # Bump when the SFT recipe or the task's text format changes, so old caches are not reused.
-SFT_FORMAT_VERSION = 2
+SFT_FORMAT_VERSION = 3
 DEFAULT_CACHE_DIR = Path(os.environ.get("PPO_CACHE_DIR", Path(__file__).resolve().parent.parent / ".cache"))
+# The shipped warm starts, one directory per cache name (ppo/warm_start/README.md).
+PINNED_DIR = Path(__file__).resolve().parent / "warm_start"
 
 
 @dataclass
@@ -161,8 +172,10 @@ def warm_start(config: SFTConfig | None = None, cache_dir: str | Path | None = N
                progress: bool = True, force: bool = False, stop_after: int | None = None) -> Path:
     """The directory of the cached SFT model for `config`, training it if needed.
 
-    The directory also holds ``sft_info.json`` with the config, training time and the
-    held-out baseline metrics. `stop_after` (PPOConfig.warm_start_steps) asks for the
+    The pinned settings (``SFTConfig()``, and its step-200 checkpoint) return the shipped
+    directory under ``ppo/warm_start/`` unless `force`, which trains into the cache. The
+    directory also holds ``sft_info.json`` with the config, training time, the weights'
+    digest (`weights_sha256`) and the held-out baseline metrics. `stop_after` (PPOConfig.warm_start_steps) asks for the
     run's checkpoint after that many steps, a weaker start cached next to the full one;
     `stop_after == config.steps` is the full warm start itself.
     """
@@ -171,6 +184,8 @@ def warm_start(config: SFTConfig | None = None, cache_dir: str | Path | None = N
     if stop_after == config.steps:
         stop_after = None
     name = config.cache_key() + (f"-step{stop_after}" if stop_after is not None else "")
+    if (PINNED_DIR / name / "sft_info.json").is_file() and not force:
+        return PINNED_DIR / name  # identical bits on every machine
     output_dir = cache_dir / "sft" / name
     if (output_dir / "sft_info.json").is_file() and not force:
         return output_dir
@@ -196,6 +211,11 @@ def _train_and_save(config: SFTConfig, output_dir: Path, progress: bool, stop_af
             "steps_trained": stop_after or config.steps,
             "train_seconds": train_seconds, "eval": metrics}
     save_atomically(model, tokenizer, output_dir, extra={"sft_info.json": info})
+    # The digest of the weights as saved (tied weights are saved once), then the info again.
+    info["weights_sha256"] = weights_sha256(output_dir)
+    tmp = output_dir / f"sft_info.json.tmp{os.getpid()}"
+    tmp.write_text(json.dumps(info, indent=2, sort_keys=True, default=str))
+    os.replace(tmp, output_dir / "sft_info.json")
     return output_dir
 
 
@@ -203,24 +223,72 @@ def load_sft_info(model_dir: str | Path) -> dict:
     return json.loads((Path(model_dir) / "sft_info.json").read_text())
 
 
+def state_sha256(state_dict: dict) -> str:
+    """A digest of a model's weights: names, dtypes, shapes and bytes, in name order. Equal
+    digests mean bit-identical weights, whatever file format or metadata holds them."""
+    digest = hashlib.sha256()
+    for name in sorted(state_dict):
+        tensor = state_dict[name].detach().cpu().contiguous()
+        digest.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        digest.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return digest.hexdigest()
+
+
+def weights_sha256(model_dir: str | Path) -> str:
+    """`state_sha256` of the safetensors weights saved in `model_dir`."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(model_dir).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir}: no *.safetensors weights to hash")
+    state = {}
+    for path in files:
+        state.update(load_file(str(path)))
+    return state_sha256(state)
+
+
+def compare_to_pinned(rebuilt: Path, pinned: Path) -> str:
+    """What a rebuild on this machine gives against the shipped warm start, as text."""
+    ours, theirs = load_sft_info(rebuilt), load_sft_info(pinned)
+    if weights_sha256(rebuilt) == weights_sha256(pinned):
+        return f"bits: identical to the pinned warm start ({pinned})"
+    from safetensors.torch import load_file
+
+    a, b = load_file(str(rebuilt / "model.safetensors")), load_file(str(pinned / "model.safetensors"))
+    largest = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+    lines = [f"bits: DIFFERENT from the pinned warm start ({pinned}); largest weight difference {largest:.3g}",
+             "held-out       rebuilt   pinned   difference"]
+    for mode in ("greedy", "sampled"):
+        x, y = ours["eval"][f"{mode}_accuracy"], theirs["eval"][f"{mode}_accuracy"]
+        lines.append(f"{mode + ' accuracy':<14} {x:>7.3f}  {y:>7.3f}   {x - y:+.3f}")
+    lines.append("RL runs start from the pinned warm start either way; this rebuild stays in the cache.")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Build (or load from cache) the SFT warm start and print its baseline.")
+    parser = argparse.ArgumentParser(description="Print the SFT warm start's held-out baseline (the pinned one for "
+                                                 "the default settings; other settings are trained and cached).")
     parser.add_argument("--seed", type=int, default=SFTConfig.seed)
     parser.add_argument("--steps", type=int, default=SFTConfig.steps)
     parser.add_argument("--cache-dir", default=None, help=f"default: {DEFAULT_CACHE_DIR}")
-    parser.add_argument("--force", action="store_true", help="retrain even if a cached model exists")
+    parser.add_argument("--rebuild", "--force", dest="force", action="store_true",
+                        help="train it again here (into the cache) and compare with the pinned warm start")
     parser.add_argument("--stop-after", type=int, default=None,
                         help="the run's checkpoint after this many steps (PPOConfig.warm_start_steps)")
     args = parser.parse_args(argv)
     config = SFTConfig(seed=args.seed, steps=args.steps)
     model_dir = warm_start(config, cache_dir=args.cache_dir, force=args.force, stop_after=args.stop_after)
     info = load_sft_info(model_dir)
-    print(f"SFT warm start: {model_dir}")
-    print(f"trained in {info['train_seconds']:.1f}s ({info.get('steps_trained', config.steps)} of {config.steps} "
-          f"steps, seed {config.seed})")
+    pinned = warm_start(config, stop_after=args.stop_after) if args.force else model_dir
+    print(f"SFT warm start: {model_dir}" + (" (pinned: the same bits on every machine)"
+                                            if model_dir.parent == PINNED_DIR else ""))
+    print(f"weights sha256 {info.get('weights_sha256', weights_sha256(model_dir))[:16]}; trained in {info['train_seconds']:.1f}s "
+          f"({info.get('steps_trained', config.steps)} of {config.steps} steps, seed {config.seed})")
     print(f"held-out set: {len(config.task().eval_problems())} problems, levels {list(config.levels)} "
           "(operands, digits)")
     print(format_eval(info["eval"]))
+    if args.force and pinned.parent == PINNED_DIR:
+        print(compare_to_pinned(model_dir, pinned))
 
 
 if __name__ == "__main__":

@@ -18,7 +18,10 @@ Why it looks like this (each property is something a later ablation measures):
   visible effect.
 - **A verifiable scorer with format signals.** `score` parses the text after the last
   ``#`` marker; a response without it, or without EOS, is flagged.
-- **A fixed, seeded held-out set** with equal counts per level.
+- **A fixed, seeded held-out set** with equal counts per level and no repeated prompt. It
+  depends only on the levels, its size and its seed (never on the demonstrator's
+  `slip_rate`), so the SFT report and every RL evaluation score the same problems, and
+  every training problem (SFT's and RL's) is redrawn when its text is a held-out prompt.
 """
 
 from __future__ import annotations
@@ -87,9 +90,9 @@ class ArithmeticTask:
             the verifiable reward has a real, learnable gap to close: greedy accuracy is
             well above sampled accuracy. Held-out problems are always scored against the
             true sum.
-        eval_size: held-out problems (split equally across levels).
-        eval_seed: seed of the held-out set; training problems that collide with it are
-            redrawn so the held-out accuracy measures generalisation.
+        eval_size: held-out problems (split equally across levels, distinct prompts).
+        eval_seed: seed of the held-out set; training problems whose prompt is a held-out
+            prompt are redrawn, so the held-out accuracy measures generalisation.
     """
 
     levels: tuple[tuple[int, int], ...] = LEVELS
@@ -112,14 +115,18 @@ class ArithmeticTask:
             raise ValueError(f"max_checks: must be >= 0, got {self.max_checks}")
         if self.eval_size < len(self.levels):
             raise ValueError(f"eval_size: must be at least the number of levels ({len(self.levels)})")
-        self._eval = self._make_problems_per_level(self.eval_size, random.Random(self.eval_seed))
+        self._eval = self._make_held_out_set()
         self._eval_prompts = {p.prompt for p in self._eval}
 
     # -- problems ---------------------------------------------------------------------
-    def make_problem(self, level: int, rng: random.Random) -> Problem:
+    def _draw_operands(self, level: int, rng: random.Random) -> list[int]:
         operands_count, digits = self.levels[level]
         low = 0 if digits == 1 else 10 ** (digits - 1)
-        operands = [rng.randint(low, 10**digits - 1) for _ in range(operands_count)]
+        return [rng.randint(low, 10**digits - 1) for _ in range(operands_count)]
+
+    def make_problem(self, level: int, rng: random.Random) -> Problem:
+        operands_count = self.levels[level][0]
+        operands = self._draw_operands(level, rng)
         prompt = "+".join(map(str, operands)) + "="
         num_checks = rng.randint(0, self.max_checks)
         slips = [rng.choice((-3, -2, -1, 1, 2, 3)) if rng.random() < self.slip_rate else 0
@@ -132,8 +139,30 @@ class ArithmeticTask:
             meta={"operands": operands},
         )
 
-    def _make_problems_per_level(self, n: int, rng: random.Random) -> list[Problem]:
-        return [self.make_problem(i % len(self.levels), rng) for i in range(n)]
+    def _make_held_out_set(self) -> list[Problem]:
+        """`eval_size` distinct problems, levels in turn (0, 1, ..., 0, 1, ...), so any prefix
+        is balanced. Drawn from operands alone with their own generator: the set does not
+        depend on `slip_rate` or `max_checks`, which only shape demonstrations."""
+        rng = random.Random(self.eval_seed)
+        counts = [len(range(level, self.eval_size, len(self.levels))) for level in range(len(self.levels))]
+        for level, count in enumerate(counts):
+            operands_count, digits = self.levels[level]
+            distinct = (10**digits - (0 if digits == 1 else 10 ** (digits - 1))) ** operands_count
+            if count > 0.8 * distinct:  # at least a fifth of every level is left to train on
+                raise ValueError(f"eval_size {self.eval_size}: level {level} {self.levels[level]} has only {distinct} "
+                                 f"distinct problems; holding out {count} would leave too few to train on")
+        per_level: list[list[Problem]] = [[] for _ in self.levels]
+        seen: set[str] = set()
+        for level, count in enumerate(counts):
+            while len(per_level[level]) < count:
+                operands = self._draw_operands(level, rng)
+                prompt = "+".join(map(str, operands)) + "="
+                if prompt not in seen:
+                    seen.add(prompt)
+                    per_level[level].append(Problem(prompt=prompt, answer=str(sum(operands)), level=level,
+                                                    demonstration=solve_with_scratchpad(operands, 0),
+                                                    meta={"operands": operands}))
+        return [per_level[i % len(self.levels)][i // len(self.levels)] for i in range(self.eval_size)]
 
     def sample_problems(self, n: int, rng: random.Random) -> list[Problem]:
         problems = []

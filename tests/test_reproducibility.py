@@ -1,0 +1,89 @@
+"""Results anyone can reproduce: the pinned warm start, a held-out set that is held out, and
+the provenance every run records."""
+
+import random
+
+import pytest
+import torch
+
+from ppo import provenance, sft
+from ppo.config import PPOConfig
+from ppo.filtering import PromptPool
+from ppo.tasks import ArithmeticTask
+from ppo.tasks.preferences import PreferenceTask
+
+# The digests of the shipped warm starts (ppo/warm_start/): what a fresh clone starts RL from
+# on every machine. A change here is a new warm start: every documented number moves with it.
+PINNED_FULL = "40760af3dd166d9d83b9e16c582e8ee822b80dade1078f6b070cb013efb7a33a"
+PINNED_STEP200 = "abcf5e7747d4a664f33a8dedc59875aef78e6d4edfce7fcba569484e93829d3d"
+
+
+def test_a_fresh_clone_gets_the_pinned_warm_start():
+    full, weak = sft.warm_start(progress=False), sft.warm_start(progress=False, stop_after=200)
+    assert full.parent == sft.PINNED_DIR and weak.parent == sft.PINNED_DIR  # shipped, never built here
+    assert sft.weights_sha256(full) == PINNED_FULL == sft.load_sft_info(full)["weights_sha256"]
+    assert sft.weights_sha256(weak) == PINNED_STEP200 == sft.load_sft_info(weak)["weights_sha256"]
+    assert sft.load_sft_info(full)["config"] == sft.load_sft_info(weak)["config"]  # one run, two checkpoints
+    assert sft.load_sft_info(full)["steps_trained"] == sft.SFTConfig().steps
+    # the trainer's default start is that directory
+    from ppo.models import warm_start_path
+
+    assert warm_start_path(PPOConfig(progress=False)) == str(full)
+
+
+def test_the_weights_digest_sees_one_changed_bit(tmp_path, tiny_model_dir):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    model.save_pretrained(tmp_path / "same")
+    before = sft.weights_sha256(tiny_model_dir)
+    assert sft.weights_sha256(tmp_path / "same") == before  # the weights, not the file's bytes or path
+    state = sft.state_sha256(model.state_dict())
+    weight = next(iter(model.parameters()))
+    with torch.no_grad():
+        flat = weight.view(-1).view(torch.int32)
+        flat[0] ^= 1  # the lowest mantissa bit of one weight
+    assert sft.state_sha256(model.state_dict()) != state
+    model.save_pretrained(tmp_path / "flipped")
+    assert sft.weights_sha256(tmp_path / "flipped") != before
+    with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
+        sft.weights_sha256(tmp_path / "nowhere")
+
+
+def _sft_training_prompts(config: sft.SFTConfig) -> set[str]:
+    """Every problem SFT trains on, drawn as `train_sft` draws them."""
+    task, rng = config.task(), random.Random(config.seed)
+    return {p.prompt for _ in range(config.steps) for p in task.sample_problems(config.batch_size, rng)}
+
+
+def test_the_held_out_set_is_one_set_disjoint_from_every_training_problem():
+    config = sft.SFTConfig()
+    held_out = [p.prompt for p in config.task().eval_problems()]
+    assert len(held_out) == len(set(held_out)) == 256  # no repeated prompt
+    # the SFT report, RL on the verifiable task and RL on the preference task score the same set
+    rl_task = ArithmeticTask()
+    assert [p.prompt for p in rl_task.eval_problems()] == held_out
+    assert [p.prompt for p in PreferenceTask(base=ArithmeticTask()).eval_problems()] == held_out
+    assert [p.level for p in rl_task.eval_problems()][:8] == [0, 1, 2, 3, 0, 1, 2, 3]  # balanced prefixes
+    # disjoint by text from everything SFT trained on (44,800 draws) and from RL's prompt stream
+    assert not _sft_training_prompts(config) & set(held_out)
+    pool = PromptPool(rl_task, random.Random(0))
+    assert not {p.prompt for _ in range(500) for p in pool.sample(64)} & set(held_out)
+    # the demonstrator's noise shapes demonstrations, never which problems are held out
+    assert [p.prompt for p in ArithmeticTask(slip_rate=0.5, max_checks=0).eval_problems()] == held_out
+    assert [p.prompt for p in ArithmeticTask(eval_seed=7).eval_problems()] != held_out
+
+
+def test_a_held_out_set_that_would_swallow_a_level_is_refused():
+    with pytest.raises(ValueError, match="level 0 .* only 100 distinct problems"):
+        ArithmeticTask(eval_size=400)
+
+
+def test_provenance_names_code_warm_start_libraries_threads_and_machine(tiny_model_dir):
+    record = provenance.collect(str(tiny_model_dir), threads=3, processes=2)
+    assert set(record) == set(provenance.FIELDS)
+    assert len(record["commit"]) == 40 and isinstance(record["dirty"], bool)  # the tests run in a checkout
+    assert record["warm_start"] == sft.weights_sha256(tiny_model_dir)[:16]
+    assert record["torch"] == torch.__version__ and record["threads"] == 3 and record["processes"] == 2
+    assert record["cpu"] and record["cpu"] != "unknown"
+    assert provenance.collect(None, threads=1)["warm_start"] == "in-memory"

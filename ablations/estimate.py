@@ -103,7 +103,7 @@ def distinct_runs(names: list, seeds: int, steps: int | None, threads: int,
     """``(ablation, variant, config, runs)`` for each run the runner would train (seed 1's
     config as `run` sets it, `runner.sweep_config`; `runs` = seeds), identical runs across
     the named ablations (names or `Ablation` objects) counted once."""
-    from .runner import config_fingerprint, plan_runs, sweep_config
+    from .sweep_plan import config_fingerprint, plan_runs, sweep_config
 
     seen, out = set(), []
     for name in names:

@@ -41,8 +41,8 @@ from abc import ABC, abstractmethod
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from . import runner
-from .runner import RunOutcome, RunSpec
+from . import run_process, runner
+from .sweep_plan import RunOutcome, RunSpec
 
 BACKENDS = ("local", "ray", "slurm")
 # Written by the driver into the sweep directory at the start of every sweep, read by each
@@ -227,10 +227,10 @@ class LocalBackend(Backend):
             return
         if abort:
             self._executor.shutdown(wait=False, cancel_futures=True)
-            with runner._live_lock:
-                live = list(runner._live_processes)
+            with run_process._live_lock:
+                live = list(run_process._live_processes)
             for process in live:  # the run and anything it started (its own process group)
-                runner._stop_process_group(process)
+                run_process._stop_process_group(process)
         self._executor.shutdown(wait=True)
         self._executor = None
 
@@ -378,7 +378,7 @@ class SlurmBackend(Backend):
             parameters["slurm_partition"] = self.partition
         # The job's Python must import this checkout (submitit unpickles the attempt by module
         # name) and find the driver's warm-start cache: shell lines run before the job starts.
-        setup = [f"export PYTHONPATH={shlex.quote(os.pathsep.join(runner.code_roots()))}${{PYTHONPATH:+:$PYTHONPATH}}"]
+        setup = [f"export PYTHONPATH={shlex.quote(os.pathsep.join(run_process.code_roots()))}${{PYTHONPATH:+:$PYTHONPATH}}"]
         setup += [f"export {name}={shlex.quote(value)}" for name, value in _worker_env().items()]
         parameters[f"{self._executor.cluster}_setup"] = setup  # slurm_setup, or local_setup
         self._executor.update_parameters(**parameters)

@@ -363,7 +363,8 @@ def bench_preset(name: str, steps: int, warmup: int = 2) -> dict:
 
 
 def bench_identical_work(kind: str, model_path: str, steps: int, warmup: int = 4) -> dict:
-    from .speed import AdditionTask, config_for
+    from .speed_runs import config_for
+    from .speed_task import AdditionTask
 
     with tempfile.TemporaryDirectory() as tmp:
         config = config_for(kind, model_path, 42, warmup + steps + PRODUCT_STEPS, tmp)  # every step it runs

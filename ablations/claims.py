@@ -8,7 +8,7 @@ directory or its ``results.csv``, prints two markdown tables:
   95% interval, and a verdict computed from that interval (`claim_verdict`);
 - **the at-a-glance table**: for every ablation in the sweep and every non-base variant, the
   paired difference from the base variant in the ablation's metric and in held-out sampled
-  accuracy, each with the report's verdict (`ablations.report.verdict`).
+  accuracy, each with the report's verdict (`ablations.report_tables.verdict`).
 
 With ``--update FILE`` nothing is printed; instead every generated block of FILE is
 rewritten: the text between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``,
@@ -38,10 +38,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .report import (TEXT_COLUMNS, _ablation_table, _fmt, _paired_table, ablation_spec, collect_runs,
-                     paired_differences, summarise, verdict)
+from .report_tables import _ablation_table, _fmt, _paired_table, verdict
+from .run_results import TEXT_COLUMNS, ablation_spec, collect_runs
 from .stats import as_float as _as_float
 from .stats import paired_difference
+from .variant_comparison import paired_differences, summarise
 
 
 @dataclass(frozen=True)

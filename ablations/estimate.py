@@ -101,9 +101,9 @@ def checkpoints(total_steps: int, save_every: int) -> int:
 def distinct_runs(names: list, seeds: int, steps: int | None, threads: int,
                   compile_forward: bool = False) -> list[tuple]:
     """``(ablation, variant, config, runs)`` for each run the runner would train (seed 1's
-    config as `run` sets it, `runner.sweep_config`; `runs` = seeds), identical runs across
+    config as `run` sets it, `sweep_plan.sweep_config`; `runs` = seeds), identical runs across
     the named ablations (names or `Ablation` objects) counted once."""
-    from .runner import config_fingerprint, plan_runs, sweep_config
+    from .sweep_plan import config_fingerprint, plan_runs, sweep_config
 
     seen, out = set(), []
     for name in names:

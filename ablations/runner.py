@@ -43,6 +43,11 @@ finds one it copies that run's outputs (all but checkpoints) into the new run di
 writes ``reused_from.txt`` naming the source; the report lists such runs. Two identical runs
 planned in the same sweep are trained once: the second waits for the first and copies it
 (or trains itself if the first failed). ``reuse=False`` turns this off.
+
+The pieces live in modules of their own: planning runs and their outcomes in
+`ablations.sweep_plan`, a run directory's resume-or-clear rule and the copying of identical
+runs in `ablations.run_dirs`, a run process's lifetime (dying with its parent, being
+stopped) in `ablations.run_process`. This module launches runs and drives the sweep.
 """
 
 from __future__ import annotations
@@ -50,7 +55,6 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -58,268 +62,43 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, wait
-from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from ppo.config import PPOConfig
 from ppo.run_dir import RunLock
+
+from .run_dirs import REUSED_FROM, completed_runs_by_fingerprint, copy_run, prepare_run_dir
+from .run_process import (PR_SET_PDEATHSIG, STOP_GRACE_SECONDS, SweepInterrupted, _die_with_parent, _live_lock,
+                          _live_processes, _raise_interrupted, _stop_process_group, code_roots)
+from .sweep_plan import (RESUME_IGNORED_FIELDS, REUSE_IGNORED_FIELDS, RunOutcome, RunSpec, SweepResult,
+                         config_fingerprint, plan_runs, resolve_ablation, sweep_config)
 
 if TYPE_CHECKING:
     from .backends import Backend
     from .registry import Ablation
 
+# What callers import from this module, wherever it is defined now.
+__all__ = [
+    "STDERR_TAIL_LINES", "RESUME_IGNORED_FIELDS", "REUSE_IGNORED_FIELDS", "REUSED_FROM", "PR_SET_PDEATHSIG",
+    "STOP_GRACE_SECONDS", "RunSpec", "RunOutcome", "SweepResult", "SweepInterrupted", "resolve_ablation",
+    "plan_runs", "sweep_config", "config_fingerprint", "prepare_run_dir", "run_command", "code_roots",
+    "launch_run", "attempt_run", "completed_runs_by_fingerprint", "copy_run", "run_sweep",
+]
+
 # Lines of stderr kept in error.txt: enough for a full Python traceback.
 STDERR_TAIL_LINES = 60
-# Config fields that may differ between a checkpoint and a resumed attempt: they change how
-# fast a run goes, what it prints, or how its (same) directory is spelled, not what it computes.
-# ``compile_forward`` is one of them: compiled kernels round differently, as threads do.
-RESUME_IGNORED_FIELDS = ("threads", "compile_forward", "retain_freed_memory", "progress", "output_dir")
-# Config fields that may differ between two runs that compute the same thing (for reuse).
-# ``threads`` is not among them: reductions split over a different number of threads round
-# differently, and over many sampled steps that changes the run.
-REUSE_IGNORED_FIELDS = ("output_dir", "progress")
-# Written into a run directory whose outputs were copied from an identical run.
-REUSED_FROM = "reused_from.txt"
-
-
-@dataclass
-class RunSpec:
-    """One run of a sweep: which variant and seed, where it lives, and its full config."""
-
-    ablation: str
-    variant: str
-    seed: int
-    run_dir: Path
-    config: PPOConfig
-
-    @property
-    def label(self) -> str:
-        return f"{self.ablation}/{self.variant}/seed{self.seed}"
-
-    @property
-    def complete(self) -> bool:
-        """The trainer writes summary.json last, so its presence means the run finished."""
-        return (self.run_dir / "summary.json").is_file()
-
-
-@dataclass
-class RunOutcome:
-    """What happened to one run in this invocation: 'ok', 'failed', 'skipped' or 'reused'."""
-
-    spec: RunSpec
-    status: str
-    returncode: int | None = None
-    error: str = ""  # first line of error.txt for failed runs
-    seconds: float = 0.0
-    resumed: bool = False
-    reused_from: Path | None = None  # for 'reused': the run directory the outputs came from
-
-
-@dataclass
-class SweepResult:
-    sweep_dir: Path
-    outcomes: list[RunOutcome] = field(default_factory=list)
-
-    def _with(self, status: str) -> list[RunOutcome]:
-        return [o for o in self.outcomes if o.status == status]
-
-    @property
-    def completed(self) -> list[RunOutcome]:
-        return self._with("ok")
-
-    @property
-    def skipped(self) -> list[RunOutcome]:
-        return self._with("skipped")
-
-    @property
-    def failed(self) -> list[RunOutcome]:
-        return self._with("failed")
-
-    @property
-    def reused(self) -> list[RunOutcome]:
-        return self._with("reused")
-
-    @property
-    def ok(self) -> bool:
-        return not self.failed
-
-    def summary(self) -> str:
-        lines = [f"sweep {self.sweep_dir}: {len(self.completed)} completed, {len(self.skipped)} skipped "
-                 f"(already complete), {len(self.reused)} copied from an identical run, "
-                 f"{len(self.failed)} failed, {len(self.outcomes)} runs in all"]
-        for outcome in self.failed:
-            lines.append(f"  FAILED {outcome.spec.run_dir}: {outcome.error}")
-        if self.failed:
-            lines.append("  (see error.txt and stdout.log in each run dir; rerun the same command to retry)")
-        return "\n".join(lines)
-
-
-# ---------------------------------------------------------------------------------- planning
-def resolve_ablation(ablation: "str | Ablation") -> "Ablation":
-    """A registry name or an `Ablation` object -> the `Ablation`."""
-    if isinstance(ablation, str):
-        from .registry import get_ablation
-
-        return get_ablation(ablation)
-    return ablation
-
-
-def plan_runs(ablation: "str | Ablation", seeds: int, steps: int | None, sweep_dir: str | Path) -> list[RunSpec]:
-    """Every (variant, seed) of `ablation` for seeds 1..`seeds`, variant-major.
-
-    Seeds start at 1 so that seed 0 (the PPOConfig default, used by tests and quick runs)
-    never silently doubles as a sweep seed.
-    """
-    if not isinstance(seeds, int) or seeds < 1:
-        raise ValueError(f"seeds must be a positive integer (got {seeds!r})")
-    if steps is not None and (not isinstance(steps, int) or steps < 1):
-        raise ValueError(f"steps must be a positive integer or None (got {steps!r})")
-    ablation = resolve_ablation(ablation)
-    specs = []
-    for variant in ablation.variants:
-        for seed in range(1, seeds + 1):
-            run_dir = Path(sweep_dir) / ablation.name / variant.name / f"seed{seed}"
-            config = ablation.config(variant, seed=seed, output_dir=str(run_dir), steps=steps)
-            specs.append(RunSpec(ablation.name, variant.name, seed, run_dir, config))
-    return specs
-
-
-# ---------------------------------------------------------------------------------- one run
-def sweep_config(config: PPOConfig, threads: int, compile_forward: bool = False) -> PPOConfig:
-    """A run's config as a sweep trains it: `threads` torch threads and, with
-    `compile_forward` (``run --compile``), PPOConfig.compile_forward for every run that uses
-    the lean forward it compiles (the others keep their module calls)."""
-    config = config.replace(threads=threads)
-    if compile_forward and config.lean_forward:
-        config = config.replace(compile_forward=True)
-    return config
-
-
-def config_fingerprint(config: PPOConfig, ignored: tuple[str, ...] = REUSE_IGNORED_FIELDS) -> str:
-    """A canonical string of every config field but `ignored`: equal strings, same computation.
-
-    The default ignores what two identical runs may differ in (reuse); resuming a run passes
-    `RESUME_IGNORED_FIELDS`.
-    """
-    values = config.to_dict()
-    for name in ignored:
-        values.pop(name, None)
-    return json.dumps(values, sort_keys=True, default=str)
-
-
-def _has_resumable_checkpoint(spec: RunSpec) -> bool:
-    """A complete checkpoint (state.json is written last) made under the same config."""
-    checkpoints = [c for c in (spec.run_dir / "checkpoints").glob("step_*") if (c / "state.json").is_file()]
-    saved = spec.run_dir / "config.yaml"
-    if not checkpoints or not saved.is_file():
-        return False
-    try:
-        previous = PPOConfig.from_yaml(saved)
-    except (ValueError, TypeError, OSError):
-        return False
-    return config_fingerprint(previous, RESUME_IGNORED_FIELDS) == config_fingerprint(spec.config, RESUME_IGNORED_FIELDS)
-
-
-def prepare_run_dir(spec: RunSpec) -> bool:
-    """Make `spec.run_dir` ready for an attempt; True when the attempt should ``--resume``.
-
-    Leftovers of an earlier attempt are cleared (the trainer refuses to start over an
-    existing metrics.jsonl), except stdout.log, which is appended to across attempts.
-    """
-    resume = spec.run_dir.is_dir() and _has_resumable_checkpoint(spec)
-    if spec.run_dir.is_dir() and not resume:
-        for entry in spec.run_dir.iterdir():
-            if entry.name == "stdout.log":
-                continue
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry)
-            else:
-                entry.unlink()
-    spec.run_dir.mkdir(parents=True, exist_ok=True)
-    (spec.run_dir / "error.txt").unlink(missing_ok=True)
-    spec.config.to_yaml(spec.run_dir / "requested_config.yaml")
-    return resume
-
-
-def run_command(spec: RunSpec, resume: bool = False) -> list[str]:
-    command = [sys.executable, "-m", "ppo.cli", "--config", str(spec.run_dir / "requested_config.yaml"),
-               "--output-dir", str(spec.run_dir)]
-    return command + ["--resume"] if resume else command
-
-
-def code_roots() -> list[str]:
-    """The directories this process imports the project's four packages from.
-
-    A run's ``python -m ppo.cli`` must import the same code as the runner that launched it:
-    the checkout the sweep was started from, or on a Ray worker the copy Ray unpacked there
-    (each package may then sit in a directory of its own).
-    """
-    import ablations
-    import gae
-    import ppo
-    import value_model
-
-    packages = (ppo, value_model, gae, ablations)
-    return list(dict.fromkeys(str(Path(package.__file__).resolve().parents[1]) for package in packages))
-
-
-# Linux's prctl, looked up once here: a preexec_fn runs between fork and exec, where loading a
-# library could deadlock on a lock held by another thread of the runner.
-_PRCTL = None
-if sys.platform.startswith("linux"):
-    import ctypes
-
-    try:
-        _PRCTL = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        _PRCTL = None
-PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to kill it when the thread that launched it dies.
-
-    A sweep driver or Ray worker killed with SIGKILL cannot stop its children; without this a
-    run would go on training in the background and write into the directory that the rerun of
-    the sweep is clearing or resuming. Elsewhere than Linux this does nothing.
-    """
-    if _PRCTL is not None:
-        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
-# Processes still running, so an interrupted sweep can stop its own children.
-_live_processes: set[subprocess.Popen] = set()
-_live_lock = threading.Lock()
 # The lock file descriptor of each run directory an attempt holds; its run process
 # inherits it, so the directory stays locked while that process lives, even if the sweep
 # itself is killed with SIGKILL and cannot stop it.
 _run_lock_fds: dict[Path, int] = {}
-# Seconds a run gets to exit after SIGTERM before SIGKILL.
-STOP_GRACE_SECONDS = 5.0
 
 
-def _stop_process_group(process: subprocess.Popen, grace: float = STOP_GRACE_SECONDS) -> None:
-    """SIGTERM the run's process group (the run and anything it started), then SIGKILL."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-class SweepInterrupted(KeyboardInterrupt):
-    """SIGTERM reached the sweep: stop like Ctrl-C (queued runs cancelled, running ones stopped)."""
-
-
-def _raise_interrupted(signum, frame):
-    raise SweepInterrupted(f"signal {signum}")
+# ---------------------------------------------------------------------------------- one run
+def run_command(spec: RunSpec, resume: bool = False) -> list[str]:
+    command = [sys.executable, "-m", "ppo.cli", "--config", str(spec.run_dir / "requested_config.yaml"),
+               "--output-dir", str(spec.run_dir)]
+    return command + ["--resume"] if resume else command
 
 
 def launch_run(spec: RunSpec, resume: bool = False, timeout: float | None = None) -> RunOutcome:
@@ -414,55 +193,6 @@ def attempt_run(spec: RunSpec, timeout: float | None) -> RunOutcome:
     finally:
         _run_lock_fds.pop(spec.run_dir, None)
         lock.release()
-
-
-# ---------------------------------------------------------------------------------- reuse
-def completed_runs_by_fingerprint(sweep_dir: Path) -> dict[str, Path]:
-    """Fingerprint -> run directory for every complete run under `sweep_dir` (any ablation).
-
-    Runs that are themselves copies are indexed too (their config.yaml is rewritten with
-    their own output_dir), so a copy of a copy still names a complete run. A config.yaml that
-    no longer parses (written by an older version) is ignored: that run is never reused.
-    """
-    index: dict[str, Path] = {}
-    for summary in sorted(Path(sweep_dir).glob("*/*/seed*/summary.json")):
-        run_dir = summary.parent
-        try:
-            config = PPOConfig.from_yaml(run_dir / "config.yaml")
-        except (ValueError, TypeError, OSError):
-            continue
-        index.setdefault(config_fingerprint(config), run_dir)
-    return index
-
-
-def copy_run(source: Path, spec: RunSpec) -> RunOutcome:
-    """Fill `spec.run_dir` with the outputs of the identical complete run in `source`.
-
-    Checkpoints stay behind (a complete run never resumes). summary.json, the marker of a
-    complete run, is copied last, through a temporary name, so an interrupted copy is an
-    incomplete run that the next sweep redoes.
-    """
-    start = time.perf_counter()
-    try:
-        prepare_run_dir(spec)
-        skip = {"checkpoints", "summary.json", "stdout.log", "requested_config.yaml", "error.txt", REUSED_FROM}
-        for entry in source.iterdir():
-            if entry.name in skip:
-                continue
-            if entry.is_dir():
-                shutil.copytree(entry, spec.run_dir / entry.name)
-            else:
-                shutil.copy2(entry, spec.run_dir / entry.name)
-        spec.config.to_yaml(spec.run_dir / "config.yaml")  # same config, this run's output_dir
-        (spec.run_dir / REUSED_FROM).write_text(
-            f"{source.resolve()}\nThis run's config equals that run's in every field but "
-            f"{', '.join(REUSE_IGNORED_FIELDS)}; its outputs were copied instead of training again.\n")
-        partial = spec.run_dir / "summary.json.partial"
-        shutil.copy2(source / "summary.json", partial)
-        os.replace(partial, spec.run_dir / "summary.json")
-    except OSError as error:
-        return RunOutcome(spec, "failed", None, error=f"could not copy identical run {source}: {error}")
-    return RunOutcome(spec, "reused", 0, seconds=time.perf_counter() - start, reused_from=source)
 
 
 # ---------------------------------------------------------------------------------- the sweep

@@ -1,0 +1,153 @@
+"""What a sweep runs: one `RunSpec` per (ablation, variant, seed), and what came of each.
+
+`plan_runs` lays the runs out (``SWEEP_DIR/<ablation>/<variant>/seed<k>/``, seeds from 1),
+`sweep_config` gives each the config a sweep trains it with, and `config_fingerprint` says
+when two configs compute the same thing (a run resumed from a checkpoint, or copied from an
+identical run). `RunOutcome` and `SweepResult` are what `ablations.runner.run_sweep` returns.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ppo.config import PPOConfig
+
+if TYPE_CHECKING:
+    from .registry import Ablation
+
+# Config fields that may differ between a checkpoint and a resumed attempt: they change how
+# fast a run goes, what it prints, or how its (same) directory is spelled, not what it computes.
+# ``compile_forward`` is one of them: compiled kernels round differently, as threads do.
+RESUME_IGNORED_FIELDS = ("threads", "compile_forward", "retain_freed_memory", "progress", "output_dir")
+# Config fields that may differ between two runs that compute the same thing (for reuse).
+# ``threads`` is not among them: reductions split over a different number of threads round
+# differently, and over many sampled steps that changes the run.
+REUSE_IGNORED_FIELDS = ("output_dir", "progress")
+
+
+@dataclass
+class RunSpec:
+    """One run of a sweep: which variant and seed, where it lives, and its full config."""
+
+    ablation: str
+    variant: str
+    seed: int
+    run_dir: Path
+    config: PPOConfig
+
+    @property
+    def label(self) -> str:
+        return f"{self.ablation}/{self.variant}/seed{self.seed}"
+
+    @property
+    def complete(self) -> bool:
+        """The trainer writes summary.json last, so its presence means the run finished."""
+        return (self.run_dir / "summary.json").is_file()
+
+
+@dataclass
+class RunOutcome:
+    """What happened to one run in this invocation: 'ok', 'failed', 'skipped' or 'reused'."""
+
+    spec: RunSpec
+    status: str
+    returncode: int | None = None
+    error: str = ""  # first line of error.txt for failed runs
+    seconds: float = 0.0
+    resumed: bool = False
+    reused_from: Path | None = None  # for 'reused': the run directory the outputs came from
+
+
+@dataclass
+class SweepResult:
+    sweep_dir: Path
+    outcomes: list[RunOutcome] = field(default_factory=list)
+
+    def _with(self, status: str) -> list[RunOutcome]:
+        return [o for o in self.outcomes if o.status == status]
+
+    @property
+    def completed(self) -> list[RunOutcome]:
+        return self._with("ok")
+
+    @property
+    def skipped(self) -> list[RunOutcome]:
+        return self._with("skipped")
+
+    @property
+    def failed(self) -> list[RunOutcome]:
+        return self._with("failed")
+
+    @property
+    def reused(self) -> list[RunOutcome]:
+        return self._with("reused")
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def summary(self) -> str:
+        lines = [f"sweep {self.sweep_dir}: {len(self.completed)} completed, {len(self.skipped)} skipped "
+                 f"(already complete), {len(self.reused)} copied from an identical run, "
+                 f"{len(self.failed)} failed, {len(self.outcomes)} runs in all"]
+        for outcome in self.failed:
+            lines.append(f"  FAILED {outcome.spec.run_dir}: {outcome.error}")
+        if self.failed:
+            lines.append("  (see error.txt and stdout.log in each run dir; rerun the same command to retry)")
+        return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------- planning
+def resolve_ablation(ablation: "str | Ablation") -> "Ablation":
+    """A registry name or an `Ablation` object -> the `Ablation`."""
+    if isinstance(ablation, str):
+        from .registry import get_ablation
+
+        return get_ablation(ablation)
+    return ablation
+
+
+def plan_runs(ablation: "str | Ablation", seeds: int, steps: int | None, sweep_dir: str | Path) -> list[RunSpec]:
+    """Every (variant, seed) of `ablation` for seeds 1..`seeds`, variant-major.
+
+    Seeds start at 1 so that seed 0 (the PPOConfig default, used by tests and quick runs)
+    never silently doubles as a sweep seed.
+    """
+    if not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"seeds must be a positive integer (got {seeds!r})")
+    if steps is not None and (not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"steps must be a positive integer or None (got {steps!r})")
+    ablation = resolve_ablation(ablation)
+    specs = []
+    for variant in ablation.variants:
+        for seed in range(1, seeds + 1):
+            run_dir = Path(sweep_dir) / ablation.name / variant.name / f"seed{seed}"
+            config = ablation.config(variant, seed=seed, output_dir=str(run_dir), steps=steps)
+            specs.append(RunSpec(ablation.name, variant.name, seed, run_dir, config))
+    return specs
+
+
+# ---------------------------------------------------------------------------------- configs
+def sweep_config(config: PPOConfig, threads: int, compile_forward: bool = False) -> PPOConfig:
+    """A run's config as a sweep trains it: `threads` torch threads and, with
+    `compile_forward` (``run --compile``), PPOConfig.compile_forward for every run that uses
+    the lean forward it compiles (the others keep their module calls)."""
+    config = config.replace(threads=threads)
+    if compile_forward and config.lean_forward:
+        config = config.replace(compile_forward=True)
+    return config
+
+
+def config_fingerprint(config: PPOConfig, ignored: tuple[str, ...] = REUSE_IGNORED_FIELDS) -> str:
+    """A canonical string of every config field but `ignored`: equal strings, same computation.
+
+    The default ignores what two identical runs may differ in (reuse); resuming a run passes
+    `RESUME_IGNORED_FIELDS`.
+    """
+    values = config.to_dict()
+    for name in ignored:
+        values.pop(name, None)
+    return json.dumps(values, sort_keys=True, default=str)

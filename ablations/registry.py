@@ -392,3 +392,14 @@ register(
     metric="eval_gold_reward",
     extra_metrics=("score", "gold_score", "kl_k1", "eval_win_rate_vs_sft", "eval_proxy_reward"),
 )
+
+# ---------------------------------------------------------------------- AlpacaFarm's fixed width
+register(
+    "alpacafarm_fixed_width",
+    "AlpacaFarm pads every batch to response_len and whitens rewards and advantages over that width: "
+    "how much do the fixed-width semantics change PPO against masked statistics over the batch's own width?",
+    [Variant("fixed_width", PPO),
+     Variant("masked", PPO, {"pad_to_response_length": False, "whiten_advantages_over_padding": False,
+                             "reward_whitening_mode": "masked", "loss_agg": "token_mean"})],
+    metric="accuracy", extra_metrics=("kl_k1", "response_length"),
+)

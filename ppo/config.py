@@ -43,7 +43,7 @@ MAX_SEED = 2**63 - 1
 # the resuming config is refused unless explicitly allowed (`resume_conflicts`).
 RESUMABLE_FIELDS = ("total_steps", "output_dir", "device", "threads", "progress", "eval_every", "save_every",
                     "keep_checkpoints", "log_samples", "retain_freed_memory")
-LOSS_AGG_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+LOSS_AGG_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 REWARD_WHITENING_MODES = ("masked", "stats", "alpacafarm")  # ppo/rewards.py whiten_rewards
 KL_CONTROLLER_NAMES = ("ziegler", "alpacafarm")  # ppo/kl.py make_kl_controller
 DIFFICULTY_FILTER_MODES = ("resample", "renormalize", "mask")  # ppo/filtering.py
@@ -101,7 +101,7 @@ class PPOConfig:
 
     # ------------------------------------------------------------------ value model and reward model
     reward_model_path: str | None = _f(None, "Scalar-head reward model directory: when set, its score replaces the task's reward, and value_init='reward_model' starts the critic from it.")
-    value_init: str = _f("policy", "Critic initialisation: 'reward_model' or 'policy' (that backbone with a zeroed head) or 'random' (AlpacaFarm, OpenAI lm-human-preferences: reward_model).")
+    value_init: str = _f("policy", "Critic initialisation: 'reward_model' or 'policy' (that backbone with a zeroed head), 'reward_model_head' (the reward model, trained head kept) or 'random' (AlpacaFarm: reward_model; TRL: reward_model_head).")
 
     # ------------------------------------------------------------------ rollout (sampling)
     rollout_batch_size: int = _f(64, "Responses sampled per step (prompts x group_size) over all data-parallel processes together, so a preset means the same on any number of them (AlpacaFarm 512).")
@@ -114,6 +114,7 @@ class PPOConfig:
     stop_token_ids: list[int] | None = _f(None, "Token ids that end a response. None = every EOS id the checkpoint declares (tokenizer, generation_config, config), as instruct models list several.")
     max_prompt_length: int | None = _f(None, "Longest prompt in tokens, BOS included; None = the model's context minus response_length (TRL max_prompt_length).")
     prompt_truncation: str = _f("left", "A prompt over max_prompt_length: 'left' drops its oldest tokens, 'right' its end, 'error' refuses it (TRL truncation_side).")
+    pad_to_response_length: bool = _f(False, "Right-pad every rollout batch to response_length, so whitening over padding and the seq_mean_token_sum_norm divisor see that fixed width, not the batch's longest response (AlpacaFarm rl_models.py right_pad to response_len).")
     logprobs_from_generation: bool = _f(False, "Old log-probs from the generation logits instead of a teacher-forced pass: a pass fewer, but kernels can differ numerically (TRL PPOTrainer: on; AlpacaFarm: off).")
 
     # ------------------------------------------------------------------ difficulty filtering (Kimi k1.5, DAPO)
@@ -139,7 +140,7 @@ class PPOConfig:
     # ------------------------------------------------------------------ KL to the reference
     kl_coef: float = _f(0.05, "KL coefficient beta; 0 skips the reference model entirely (AlpacaFarm 0.0067, TRL 0.05, DeepSeekMath 0.04).")
     kl_estimator: str = _f("k1", "Per-token KL estimator: 'k1' = logp - ref, 'k2' = (logp - ref)^2 / 2, 'k3' = exp(ref - logp) - (ref - logp) - 1, or 'abs' (AlpacaFarm, TRL: k1; GRPO: k3).")
-    kl_clip_at_zero: bool = _f(False, "Clamp the per-token KL estimate at 0: biased, but AlpacaFarm's runs blow up without it (AlpacaFarm _shape_reward).")
+    kl_clip_at_zero: bool = _f(False, "Clamp the per-token KL estimate at 0, so a negative k1 estimate is never a reward; biased upward (AlpacaFarm _shape_reward).")
     kl_placement: str = _f("reward", "'reward': -beta*KL added to the per-token rewards (PPO, InstructGPT); 'loss': beta*KL added to the policy loss (GRPO).")
     adaptive_kl: bool = _f(False, "Adapt beta toward kl_target with the rule named by kl_controller (AlpacaFarm rlhf_ppo.sh and TRL: fixed).")
     kl_controller: str = _f("ziegler", "Adaptive rule: 'ziegler' (step scaled by samples / kl_horizon; Ziegler et al. 2019, TRL) or 'alpacafarm' (step scaled by kl_k_beta, once per RL step; AlpacaFarm kl_controller.py).")
@@ -152,8 +153,9 @@ class PPOConfig:
     gamma: float = _f(1.0, "GAE discount (AlpacaFarm, TRL: 1.0).")
     lam: float = _f(0.95, "GAE lambda; with gamma = lam = 1 the advantage is return minus value (AlpacaFarm 1.0, TRL 0.95).")
     whiten_advantages: bool = _f(True, "Whiten advantages (masked, mean shifted to 0) once per rollout batch (AlpacaFarm, TRL: on; GRPO family: off).")
+    whiten_advantages_over_padding: bool = _f(False, "Advantage whitening takes its statistics over the whole padded [B, T] tensor, padding included, instead of the real tokens; padding stays out of the loss (AlpacaFarm ppo_trainer.py _estimate_advantage).")
     whiten_advantages_per_minibatch: bool = _f(False, "Whiten the advantages per minibatch instead of once over the rollout batch (OpenAI baselines, cleanrl).")
-    grpo_scale: str = _f("group", "Group-advantage scale: 'group' (divide by the group std; DeepSeekMath), 'batch' (batch std) or 'none' (Dr. GRPO).")
+    grpo_scale: str = _f("group", "Group-advantage scale: 'group' (divide by the group std; DeepSeekMath), 'batch' (the batch's population std) or 'none' (Dr. GRPO).")
     grpo_std_correction: int = _f(0, "Bessel correction of the group std: 0 = population std, 1 = sample std, which makes every advantage smaller (nano-aha-moment: 0; TRL GRPOTrainer, verl: 1).")
     grpo_eps: float = _f(1e-4, "Epsilon added to the std in group-advantage scaling; a group of equal scores gets advantage 0 (nano-aha-moment 1e-4).")
     reinforce_baseline: bool = _f(False, "For advantage_estimator='reinforce': subtract the batch-mean score (Williams 1992).")
@@ -169,7 +171,7 @@ class PPOConfig:
     cliprange_value: float | None = _f(0.2, "Value clipping around the old values; None = off (AlpacaFarm, TRL: 0.2).")
     vf_coef: float = _f(0.1, "Weight of the value loss (AlpacaFarm, TRL: 0.1).")
     entropy_coef: float = _f(0.0, "Weight of the entropy bonus (AlpacaFarm, TRL: 0).")
-    loss_agg: str = _f("token_mean", "How per-token losses are averaged: 'token_mean' (AlpacaFarm, TRL, DAPO), 'seq_mean_token_mean' (GRPO's per-sequence normalisation) or 'seq_mean_token_sum_norm' (Dr. GRPO's constant normaliser).")
+    loss_agg: str = _f("token_mean", "How per-token losses are averaged: 'token_mean' (AlpacaFarm, TRL, DAPO), 'seq_mean_token_mean' (GRPO's per-sequence normalisation) or 'seq_mean_token_sum' (each sequence's token sum, averaged over sequences; TRL RLOO, verl) or 'seq_mean_token_sum_norm' (Dr. GRPO's constant normaliser).")
     target_kl: float | None = _f(None, "Stop a step's remaining minibatches and epochs once a minibatch's approximate KL to the rollout policy exceeds this; None = off (cleanrl target_kl).")
     mask_truncated_responses: bool = _f(False, "Leave responses that hit response_length without a stop token out of the loss (DAPO overlong filtering).")
 
@@ -178,6 +180,8 @@ class PPOConfig:
     value_lr: float | None = _f(None, "Value-model learning rate; None = lr.")
     separate_value_optimizer: bool = _f(True, "Give the value model its own AdamW and gradient clip; False = one optimizer over both, as AlpacaFarm and TRL.")
     adam_eps: float = _f(1e-5, "AdamW epsilon (AlpacaFarm 1e-5, N+ implementation details; torch default 1e-8).")
+    adam_beta1: float = _f(0.9, "AdamW beta1, the decay of the gradient's running mean (torch default 0.9).")
+    adam_beta2: float = _f(0.999, "AdamW beta2, the decay of the squared gradient's running mean (torch default 0.999; Dr. GRPO via oat: 0.95).")
     weight_decay: float = _f(0.0, "AdamW weight decay.")
     warmup_steps: int = _f(0, "Linear learning-rate warmup in RL steps; step s < warmup trains at lr*s/warmup, so step 0 at 0 (AlpacaFarm 5).")
     lr_schedule: str = _f("linear", "'linear' (warmup, then linear decay to 0 at total_steps) or 'constant' after warmup (transformers' schedules; AlpacaFarm: linear).")
@@ -288,6 +292,9 @@ class PPOConfig:
             value = getattr(self, name)
             if value is not None and not value > 0:
                 bad(name, "must be > 0 or None")
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                bad(name, "must be in [0, 1)")
         if self.dual_clip is not None and not self.dual_clip > 1.0:
             bad("dual_clip", "must be > 1 or None")
         if not 0.0 < self.top_p <= 1.0:
@@ -314,7 +321,7 @@ class PPOConfig:
         choice("loss_agg", LOSS_AGG_NAMES)
         choice("missing_eos", ("none", "penalty", "replace"))
         choice("nonfinite_rewards", ("stop", "drop"))
-        choice("value_init", ("reward_model", "policy", "random"))
+        choice("value_init", ("reward_model", "reward_model_head", "policy", "random"))
         choice("lr_schedule", ("linear", "constant"))
         choice("reward_whitening_mode", REWARD_WHITENING_MODES)
         choice("kl_controller", KL_CONTROLLER_NAMES)
@@ -369,8 +376,8 @@ class PPOConfig:
     def validate_for_run(self) -> None:
         """Checks that only matter when a run starts (a preset may name a reward model that
         the user supplies later)."""
-        if self.value_init == "reward_model" and self.uses_value_model and not self.reward_model_path:
-            raise ValueError("PPOConfig.value_init: 'reward_model' needs reward_model_path (the verifiable testbed "
+        if self.value_init.startswith("reward_model") and self.uses_value_model and not self.reward_model_path:
+            raise ValueError(f"PPOConfig.value_init: {self.value_init!r} needs reward_model_path (the verifiable testbed "
                              "has no reward model; use 'policy', or --testbed which does so)")
 
     def per_process_batch_size(self, world_size: int) -> int:

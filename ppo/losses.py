@@ -5,8 +5,10 @@ Implementation details that live here:
 - **Loss aggregation** (`aggregate`, `LOSS_AGG_MODES`): how per-token losses become one
   number. `token_mean` (PPO as AlpacaFarm and TRL average it; DAPO's token-level loss),
   `seq_mean_token_mean` (GRPO's per-sequence length normalisation, which biases wrong
-  answers toward being long), and `seq_mean_token_sum_norm` (Dr. GRPO's fix: a constant
-  normaliser). `loss_units` says what each mode divides by, which is what makes gradient
+  answers toward being long), `seq_mean_token_sum` (each sequence's token sum averaged
+  over sequences: REINFORCE on the whole sequence's log-probability, TRL RLOO, verl
+  `seq-mean-token-sum`) and `seq_mean_token_sum_norm` (Dr. GRPO's fix: a constant
+  normaliser; AlpacaFarm's `.mean()` over a batch padded to `response_len`). `loss_units` says what each mode divides by, which is what makes gradient
   accumulation exact (`ppo.buffer.accumulation_weights`).
 - **Clipped surrogate** (`policy_loss`): PPO's pessimistic min of the unclipped and
   clipped objectives; a separate `clip_high` gives DAPO's clip-higher; `dual_clip` bounds
@@ -26,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-LOSS_AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum_norm")
+LOSS_AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -51,6 +53,10 @@ def aggregate(
       lengths in the batch; Dr. GRPO divides by a constant (`seq_mean_token_sum_norm`).
     - `"seq_mean_token_mean"`: mean over sequences of each sequence's masked mean. Each
       *sequence* weighs the same, whatever its length (GRPO as written in DeepSeekMath).
+    - `"seq_mean_token_sum"`: mean over sequences of each sequence's masked *sum*: the
+      policy gradient of a sequence's total log-probability, as REINFORCE-style RLOO takes
+      it (TRL `RLOOTrainer` sums log-probs per sequence; verl `seq-mean-token-sum`). A long
+      sequence weighs more, in proportion to its length.
     - `"seq_mean_token_sum_norm"`: sum over all masked tokens / (B * max_len), `max_len`
       defaulting to T. A constant normaliser, independent of the lengths in the batch
       (Dr. GRPO).
@@ -74,7 +80,7 @@ def aggregate(
 
     Worked example, values `[[1, 2, 3], [4, 5, 6]]`, mask `[[1, 1, 1], [1, 0, 0]]`:
     token_mean = (1+2+3+4)/4 = 2.5; seq_mean_token_mean = (2 + 4)/2 = 3.0;
-    seq_mean_token_sum_norm = 10/(2*3) = 1.667. With mask `[[1, 1, 1], [0, 0, 0]]`,
+    seq_mean_token_sum = (6 + 4)/2 = 5.0; seq_mean_token_sum_norm = 10/(2*3) = 1.667. With mask `[[1, 1, 1], [0, 0, 0]]`,
     seq_mean_token_mean = 2/2 = 1.0, or 2/1 = 2.0 with `skip_empty_rows`.
     """
     is_real = mask.bool()
@@ -88,6 +94,8 @@ def aggregate(
     if mode == "seq_mean_token_mean":
         seq_means = masked.sum(-1) / is_real.sum(-1).clamp(min=1)  # [B]
         return seq_means.sum() / units
+    if mode == "seq_mean_token_sum":
+        return masked.sum() / units  # the sum of the rows' sums, over the number of rows
     horizon = values.shape[-1] if max_len is None else max_len
     return masked.sum() / (units * horizon)
 
@@ -95,7 +103,7 @@ def aggregate(
 def loss_units(mask: torch.Tensor, mode: str = "token_mean", skip_empty_rows: bool = False) -> torch.Tensor:
     """What `aggregate` divides by (before `max_len`), in units that add up over micro-batches.
 
-    Tokens in the mask under `token_mean`; sequences under the two `seq_mean` modes (only
+    Tokens in the mask under `token_mean`; sequences under the three `seq_mean` modes (only
     the rows with a token in the mask when `skip_empty_rows`). Gradient accumulation is
     exact when each micro-batch's loss is weighted by its units over the whole minibatch's
     (`ppo.buffer.accumulation_weights`): then sum_k w_k * sum_k / units_k = sum / units.
@@ -122,12 +130,14 @@ def token_loss_weights(mask: torch.Tensor, mode: str = "token_mean", max_len: in
     number of masked tokens in the batch, so that `token_mean` gives 1 to every token. Under
     `seq_mean_token_mean` a row of length L gets N / (B * L): long rows' tokens weigh less,
     which is how GRPO's per-sequence normalisation lets long wrong answers escape their
-    penalty. Under `seq_mean_token_sum_norm` every row gets N / (B * max_len). Rows with no
+    penalty. Under `seq_mean_token_sum` every row gets N / B; under `seq_mean_token_sum_norm`
+    every row gets N / (B * max_len). Rows with no
     masked token get 0. The trainer logs these for incorrect responses (the
     `loss_weight_incorrect_*` metrics) to show how much less push long wrong answers got.
 
     Worked example, mask `[[1, 1, 1, 1], [1, 0, 0, 0]]` (N = 5 tokens, B = 2 rows, T = 4):
-    token_mean [1, 1]; seq_mean_token_mean [5/8, 5/2]; seq_mean_token_sum_norm [5/8, 5/8].
+    token_mean [1, 1]; seq_mean_token_mean [5/8, 5/2]; seq_mean_token_sum [5/2, 5/2];
+    seq_mean_token_sum_norm [5/8, 5/8].
     """
     is_real = mask.bool()
     lengths = is_real.sum(-1).float()  # [B]
@@ -139,6 +149,8 @@ def token_loss_weights(mask: torch.Tensor, mode: str = "token_mean", max_len: in
         per_token = torch.ones_like(lengths) / units
     elif mode == "seq_mean_token_mean":
         per_token = 1.0 / (units * lengths.clamp(min=1))
+    elif mode == "seq_mean_token_sum":
+        per_token = torch.ones_like(lengths) / units
     else:
         per_token = torch.full_like(lengths, 1.0) / (units * (mask.shape[-1] if max_len is None else max_len))
     return torch.where(lengths > 0, per_token * total_tokens, torch.zeros_like(per_token))

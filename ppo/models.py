@@ -109,8 +109,8 @@ def setup_models(trainer, model_path: str | None, policy=None, tokenizer=None) -
 
 def build_value_model(config, policy, device) -> ScalarHeadModel:
     """The critic, initialised as `config.value_init` says."""
-    if config.value_init == "reward_model":
-        model = ScalarHeadModel.from_pretrained(config.reward_model_path, zero_head=True)
+    if config.value_init in ("reward_model", "reward_model_head"):  # TRL keeps the trained head
+        model = ScalarHeadModel.from_pretrained(config.reward_model_path, zero_head=config.value_init == "reward_model")
     elif config.value_init == "policy":
         model = ScalarHeadModel.from_policy(policy, head_init="zero")
     else:

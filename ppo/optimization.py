@@ -49,7 +49,7 @@ def build_optimizers(config, policy: torch.nn.Module, value_model: torch.nn.Modu
     """``(policy_optimizer, value_optimizer)``: AdamW over the policy, and over the critic
     either its own (`separate_value_optimizer`, the default) or none, the critic then being
     a second group of the policy's optimizer (AlpacaFarm, TRL) with `value_lr` still its own."""
-    adam = dict(eps=config.adam_eps, weight_decay=config.weight_decay, **adamw_kernel([policy, value_model]))
+    adam = dict(betas=(config.adam_beta1, config.adam_beta2), eps=config.adam_eps, weight_decay=config.weight_decay, **adamw_kernel([policy, value_model]))
     if value_model is None:
         return torch.optim.AdamW(trainable(policy), lr=config.lr, **adam), None
     value_lr = config.value_lr if config.value_lr is not None else config.lr

@@ -1,7 +1,9 @@
 """Named presets: each one a plain dictionary of the `PPOConfig` fields it changes.
 
 ``python -c "from ppo.presets import PRESETS; print(PRESETS['alpacafarm'])"`` shows exactly
-what a preset sets; `preset(name)` builds the config. `TESTBED_SCALE` shrinks batch sizes
+what a preset sets; `preset(name)` builds the config. docs/presets.md compares every field a
+preset's source names with that source (file, line, commit), and tests/test_presets_sources.py
+checks the tables against `PRESETS`. `TESTBED_SCALE` shrinks batch sizes
 and step counts for the CPU testbed without touching algorithmic settings, and
 `TESTBED_ADJUSTMENTS` holds the few per-preset changes the testbed needs beyond scaling
 (`preset(name, testbed=True)`). docs/implementation-details.md ("Presets") describes each.
@@ -18,7 +20,7 @@ if TYPE_CHECKING:
 # Plain data: each preset lists only the fields it changes from the `PPOConfig` defaults.
 PRESETS: dict[str, dict[str, Any]] = {
     # AlpacaFarm's PPO (examples/scripts/rlhf_ppo.sh, src/alpaca_farm/rl/ppo_trainer.py,
-    # ppo_utils.py, rl_trainer.py). docs/implementation-details.md lists each field's source.
+    # ppo_utils.py, models/rl_models.py). docs/presets.md lists each field's source line.
     "alpacafarm": dict(
         kl_coef=0.0067,  # rlhf_ppo.sh --kl_coef 0.0067, fixed controller
         adaptive_kl=False,
@@ -27,6 +29,11 @@ PRESETS: dict[str, dict[str, Any]] = {
         kl_placement="reward",
         whiten_rewards=True,  # whiten_rewards=True, shift_mean=False
         reward_whitening_mode="alpacafarm",  # whitens the padded [B, T] tensor, GAE over every column
+        pad_to_response_length=True,  # rl_models.py right-pads every batch to response_len
+        whiten_advantages_over_padding=True,  # torch_ops.whiten over the whole padded tensor
+        loss_agg="seq_mean_token_sum_norm",  # .mean() over [B, response_len]: a constant divisor
+        response_length=300,  # response_len
+        max_prompt_length=192,  # query_len
         kl_controller="alpacafarm",  # used when adaptive_kl: kl_controller.py, k_beta 0.1
         kl_k_beta=0.1,
         whiten_advantages=True,
@@ -54,8 +61,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         # 250 is this preset's choice, not a value AlpacaFarm states.
         total_steps=250,
     ),
-    # TRL's PPOTrainer / PPOConfig as of v0.19 (trl/trainer/ppo_config.py, ppo_trainer.py;
-    # sampling settings from OnPolicyConfig in trl/trainer/utils.py).
+    # TRL's PPOTrainer as of v0.19.1 (trl/trainer/ppo_config.py, ppo_trainer.py; sampling
+    # from OnPolicyConfig in trl/trainer/utils.py; the example command of
+    # examples/scripts/ppo/ppo.py for lr and the EOS penalty).
     "trl_ppo": dict(
         kl_coef=0.05,
         kl_estimator="k1",
@@ -71,16 +79,20 @@ PRESETS: dict[str, dict[str, Any]] = {
         ppo_epochs=4,
         num_minibatches=1,
         temperature=0.7,
+        response_length=53,  # OnPolicyConfig.response_length
         lr=3e-6,  # examples/scripts/ppo/ppo.py; PPOConfig itself inherits TrainingArguments' 5e-5
         logprobs_from_generation=True,  # old log-probs from the generation logits / temperature
         separate_value_optimizer=False,
-        adam_eps=1e-8,  # TRL used the torch default
-        missing_eos="none",  # TRL's missing_eos_penalty defaults to None
-        value_init="reward_model",
+        adam_eps=1e-8,  # TrainingArguments' adam_epsilon
+        max_grad_norm=None,  # the PPO loop steps the optimizer without clipping
+        missing_eos="penalty",  # the example passes --missing_eos_penalty 1.0
+        missing_eos_penalty=1.0,
+        value_init="reward_model_head",  # the critic is the reward model, score head and all
     ),
     # DeepSeekMath GRPO (Shao et al. 2024, sec. 4.1): G samples per prompt, group-std
     # advantages, per-sequence length normalisation, k3 KL in the loss with beta 0.04, no
-    # value model. Their RL used G = 64, lr 1e-6, one policy update per rollout batch.
+    # value model. Their RL used G = 64 (kept at 8 here: a size), lr 1e-6, one policy
+    # update per rollout batch.
     "grpo": dict(
         advantage_estimator="grpo",
         grpo_scale="group",
@@ -98,52 +110,64 @@ PRESETS: dict[str, dict[str, Any]] = {
         lr=1e-6,
         temperature=1.0,
     ),
-    # Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"): GRPO without the
-    # std division and without per-sequence length normalisation (a constant normaliser),
-    # and no KL term (beta = 0).
+    # Dr. GRPO (Liu et al. 2025, "Understanding R1-Zero-Like Training"; understand-r1-zero
+    # examples/qwen2.5-math-1.5b.sh on oat): GRPO without the std division and with a
+    # constant normaliser (the generation budget), no KL term (beta = 0).
     "dr_grpo": dict(
         advantage_estimator="dr_grpo",
         grpo_scale="none",
-        group_size=8,
-        kl_coef=0.0,
+        group_size=8,  # --num_samples 8
+        kl_coef=0.0,  # --beta 0
         kl_placement="loss",
         kl_estimator="k3",
-        loss_agg="seq_mean_token_sum_norm",
+        loss_agg="seq_mean_token_sum_norm",  # oat masked_sum over constant_normalizer
+        response_length=3000,  # --generate_max_length 3000, also the normaliser
+        max_prompt_length=1024,  # --prompt_max_length 1024
+        rollout_batch_size=1024,  # 128 prompts x 8 samples
+        num_minibatches=8,  # --train_batch_size 128: 8 optimizer steps per rollout batch
         whiten_advantages=False,
-        ppo_epochs=1,
-        num_minibatches=1,
+        ppo_epochs=1,  # --num_ppo_epochs 1
         cliprange=0.2,
-        lr=1e-6,
+        lr=1e-6,  # --learning_rate 0.000001
+        lr_schedule="constant",  # --lr_scheduler constant
+        adam_beta2=0.95,  # oat args.py adam_beta_2
+        adam_eps=1e-8,  # DeepSpeed's Adam default, which oat does not change
     ),
-    # RLOO (Ahmadian et al. 2024, "Back to Basics"): leave-one-out baseline, REINFORCE-style
-    # single update, KL in the reward (k1) as in their RLHF setup.
+    # RLOO as TRL's RLOOTrainer v0.19.1 runs it (Ahmadian et al. 2024, "Back to Basics"):
+    # leave-one-out baseline, each sequence's log-probs summed, KL in the reward (k1).
     "rloo": dict(
         advantage_estimator="rloo",
-        group_size=8,
+        group_size=2,  # RLOOConfig.rloo_k
         kl_coef=0.05,
         kl_placement="reward",
         kl_estimator="k1",
-        loss_agg="token_mean",
+        loss_agg="seq_mean_token_sum",  # log-probs summed per sequence, mean over sequences
+        temperature=0.7,  # OnPolicyConfig.temperature
         whiten_advantages=False,
         ppo_epochs=1,
         num_minibatches=1,
         lr=1e-6,
     ),
-    # nano-aha-moment's GRPO: group-std advantages with eps 1e-4, token-level loss averaged
-    # over all tokens of the batch, k3 KL in the loss with a small beta, one update per batch.
+    # nano-aha-moment's GRPO (nano_r1_script.py): group-std advantages with eps 1e-4,
+    # token-level loss averaged over all tokens of the batch, k3 KL in the loss with a small
+    # beta, one update per batch, constant learning rate.
     "grpo_nano": dict(
         advantage_estimator="grpo",
         grpo_scale="group",
         grpo_eps=1e-4,
-        group_size=4,
+        group_size=4,  # GENERATIONS_PER_SAMPLE
         kl_placement="loss",
         kl_estimator="k3",
-        kl_coef=0.001,
+        kl_coef=0.001,  # --kl_coeff
         loss_agg="token_mean",
         whiten_advantages=False,
         ppo_epochs=1,
         num_minibatches=1,
         lr=1e-6,
+        lr_schedule="constant",  # no scheduler in its DeepSpeed config
+        adam_eps=1e-8,
+        top_p=0.999,  # TOP_P
+        response_length=1024,  # --max_response_tokens
     ),
 }
 
@@ -168,6 +192,9 @@ TESTBED_ADJUSTMENTS: dict[str, dict[str, Any]] = {
     # nearest equivalent is the SFT backbone with a zeroed head.
     "alpacafarm": dict(value_init="policy"),
     "trl_ppo": dict(value_init="policy"),
+    # A 1024-token prompt limit does not fit the testbed model's 256 positions; its prompts
+    # are a few tokens long, so no limit is the same thing there.
+    "dr_grpo": dict(max_prompt_length=None),
 }
 
 

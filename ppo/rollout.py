@@ -19,6 +19,9 @@ Implementation details that live here:
 - **Stop-token truncation and the response mask**: everything after the first stop token
   is padding; `response_mask` is 1 for real response tokens *including* the stop token, so
   the policy learns to emit it.
+- **Fixed-width padding** (`PPOConfig.pad_to_response_length`, `pad_to_width`): every
+  batch right-padded to `response_length`, as AlpacaFarm does, for the toggles that take
+  statistics over padding.
 - **Missing-EOS detection** (`Rollout.has_eos`): a response that used all
   `max_new_tokens` without a stop token is flagged; `ppo.rewards` decides what that costs.
 """
@@ -26,6 +29,7 @@ Implementation details that live here:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -195,6 +199,31 @@ def generate(
     response_ids, response_mask, has_eos = truncate_after_stop(raw_response, stop_token_ids, tokenizer.pad_token_id)
     logits = torch.stack(output.logits, dim=1) if return_logits else None  # [B, T, V]
     return Rollout(query_ids, query_mask, response_ids, response_mask, has_eos, logits, truncated.to(device))
+
+
+def pad_to_width(rollout: Rollout, width: int, pad_token_id: int) -> Rollout:
+    """The rollout right-padded to `width` response columns (AlpacaFarm pads every batch to
+    `response_len`, `PPOConfig.pad_to_response_length`), so statistics taken over padding
+    see a fixed width rather than the batch's longest response. The new columns are
+    padding: outside `response_mask`, pad tokens, zero generation logits.
+
+    >>> r = Rollout(torch.ones(1, 2), torch.ones(1, 2), torch.tensor([[5, 2]]), torch.tensor([[1, 1]]),
+    ...             torch.tensor([True]))
+    >>> pad_to_width(r, 4, 0).response_ids.tolist(), pad_to_width(r, 4, 0).response_mask.tolist()
+    ([[5, 2, 0, 0]], [[1, 1, 0, 0]])
+    """
+    missing = width - rollout.response_ids.shape[1]
+    if missing < 0:
+        raise ValueError(f"rollout is {rollout.response_ids.shape[1]} tokens wide, more than the width {width}")
+    if missing == 0:
+        return rollout
+    pad = torch.nn.functional.pad
+    logits = rollout.generation_logits
+    return dataclasses.replace(
+        rollout,
+        response_ids=pad(rollout.response_ids, (0, missing), value=pad_token_id),  # [B, width]
+        response_mask=pad(rollout.response_mask, (0, missing), value=0),  # [B, width]
+        generation_logits=None if logits is None else pad(logits, (0, 0, 0, missing)))  # [B, width, V]
 
 
 def decode_responses(tokenizer: PreTrainedTokenizerBase, rollout: Rollout) -> list[str]:

@@ -48,7 +48,7 @@ from .optimization import optimizer_step
 from .policy import set_training
 from .rewards import (apply_missing_eos, clip_scores, format_reward, group_kimi_length_reward, length_reward_weight,
                       shape_rewards, whiten_rewards, whitening_gae_mask)
-from .rollout import Rollout, decode_responses, generate
+from .rollout import Rollout, decode_responses, generate, pad_to_width
 from .tasks import build_task
 
 
@@ -129,6 +129,8 @@ class RLTrainer:
                              band=(cfg.filter_min_pass_rate, cfg.filter_max_pass_rate),
                              max_rounds=cfg.dynamic_sampling_max_rounds if resample else 1,
                              pad_token_id=self.tokenizer.pad_token_id)  # B = prompts x G
+        if cfg.pad_to_response_length:  # AlpacaFarm's fixed width: statistics over padding see it all
+            batch.rollout = pad_to_width(batch.rollout, cfg.response_length, self.tokenizer.pad_token_id)
         rollout = batch.rollout
         response_mask = rollout.response_mask.float()  # [B, T]
         # A NaN / inf score stops the run here, before any update or save (ppo/guards.py),
@@ -219,7 +221,8 @@ class RLTrainer:
             reinforce_baseline=cfg.reinforce_baseline, rft_min_score=cfg.rft_min_score,
             reduce_sum=distributed.global_sum)  # [B, T] each
         if cfg.whiten_advantages and not cfg.whiten_advantages_per_minibatch:
-            advantages = whiten(advantages, response_mask, reduce_sum=distributed.global_sum)
+            over = None if cfg.whiten_advantages_over_padding else response_mask  # AlpacaFarm: unmasked
+            advantages = whiten(advantages, over, reduce_sum=distributed.global_sum)
         return advantages, returns
 
     @phase("update")
@@ -308,7 +311,8 @@ class RLTrainer:
         """Advantages whitened over one minibatch (all its micro-batches, all ranks)."""
         advantages = torch.cat([m["advantages"] for m in micro_batches])
         mask = torch.cat([m["response_mask"] for m in micro_batches])
-        whitened = whiten(advantages, mask, reduce_sum=distributed.global_sum)
+        over = None if self.config.whiten_advantages_over_padding else mask
+        whitened = whiten(advantages, over, reduce_sum=distributed.global_sum)
         sizes = [m["advantages"].shape[0] for m in micro_batches]
         return [{**m, "advantages": w} for m, w in zip(micro_batches, whitened.split(sizes))]
 

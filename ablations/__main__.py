@@ -56,16 +56,17 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
-def _build_and_show_report(sweep_dir: Path) -> int:
-    """Build results.csv, report.md and plots/; print the tables and where the files are."""
-    from .report import build_report, format_table
+def _build_and_show_report(sweep_dir: Path, allow_mixed: bool = False) -> int:
+    """Build results.csv, report.md and plots/; print the tables, what they pool, and where the files are."""
+    from .report import build_report, collect_runs, format_table, pooled_provenance
 
     try:
-        report_path = Path(build_report(sweep_dir))
-    except (ValueError, FileNotFoundError) as error:  # e.g. a directory with no finished runs
+        report_path = Path(build_report(sweep_dir, allow_mixed=allow_mixed))
+    except (ValueError, FileNotFoundError) as error:  # e.g. a directory with no finished runs, mixed runs
         print(f"report: {error}", file=sys.stderr)
         return 1
     print(format_table(sweep_dir))
+    print("\n" + pooled_provenance(collect_runs(sweep_dir), allow_mixed))
     print(f"\nreport: {report_path}")
     print(f"plots:  {report_path.parent / 'plots'}")
     return 0
@@ -120,7 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print("no run completed: nothing to report", file=sys.stderr)
         return 1
     print()
-    status = _build_and_show_report(sweep_dir)
+    status = _build_and_show_report(sweep_dir, args.allow_mixed)
     # A sweep with failed runs still gets its report (from the runs that finished), but the
     # exit code says it is incomplete so scripts do not mistake it for a full result.
     return 1 if result.failed else status
@@ -131,7 +132,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not sweep_dir.is_dir():
         print(f"{sweep_dir}: no such sweep directory", file=sys.stderr)
         return USAGE_ERROR
-    return _build_and_show_report(sweep_dir)
+    return _build_and_show_report(sweep_dir, args.allow_mixed)
 
 
 def _positive_int(text: str) -> int:
@@ -187,10 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--partition", default=None, help="slurm: the partition to submit to")
     run.add_argument("--time-min", type=_positive_int, default=None,
                      help="slurm: each job's time limit in minutes (default 120)")
+    run.add_argument("--allow-mixed", action="store_true",
+                     help="report even when the runs come from different commits or warm starts (refused by default)")
     run.set_defaults(handler=cmd_run)
 
     report = commands.add_parser("report", help="build results.csv, report.md and plots/ for a sweep directory")
     report.add_argument("dir", metavar="DIR")
+    report.add_argument("--allow-mixed", action="store_true",
+                        help="pool runs from different commits or warm starts (refused by default; the report says so)")
     report.set_defaults(handler=cmd_report)
 
     # Listed for --help only: main() hands these and everything after them to their modules (DELEGATED).

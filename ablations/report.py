@@ -31,13 +31,20 @@ from .run_results import (DEFAULT_METRIC, RUN_COLUMNS, SEED_DIR, TAIL_COLUMNS, T
                           run_mean, series, tail_mean)
 from .variant_comparison import PAIRED_COLUMNS, base_variant, paired_differences, summarise
 
+# Rows that differ in these were made by different code or from a different start.
+POOLING_KEYS = ("prov_commit", "prov_warm_start")
+
+
+class MixedProvenanceError(ValueError):
+    """The runs a report would pool come from different commits or warm starts."""
+
 # What callers import from this module, wherever it is defined now.
 __all__ = [
     "DEFAULT_METRIC", "TAIL_FRACTION_DENOMINATOR", "SMOOTHING_WINDOW", "SEED_DIR", "WHOLE_RUN_SUFFIX",
     "PAIRED_COLUMNS", "RUN_COLUMNS", "TAIL_COLUMNS", "TEXT_COLUMNS",
     "AblationSpec", "ablation_spec", "read_metrics", "series", "tail_mean", "run_mean", "collect_runs",
     "base_variant", "paired_differences", "verdict", "summarise", "format_table",
-    "moving_average", "Curve", "seed_curve", "build_report", "main",
+    "moving_average", "Curve", "seed_curve", "build_report", "main", "MixedProvenanceError", "pooled_provenance",
 ]
 
 
@@ -69,11 +76,43 @@ def _run_list(entries: Sequence[dict], kind: str) -> str | None:
     return f"**{label} ({len(items)}):** " + "; ".join(items)
 
 
-def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Path:
+def pooled_provenance(rows: Sequence[dict], allow_mixed: bool = False) -> str:
+    """One line saying what the report pools: commit(s), warm start(s), libraries, threads, CPU.
+
+    Raises `MixedProvenanceError` when the ok runs (those the statistics pool) differ in
+    commit or warm start, listing each combination with its runs, unless `allow_mixed`.
+    Runs that recorded no provenance count as "unrecorded".
+    """
+    ok = [r for r in rows if r["status"] == "ok"]
+
+    def values(column: str) -> list[str]:
+        return sorted({str(r.get(column, "")) or "unrecorded" for r in ok})
+
+    combos: dict[tuple, list[str]] = {}
+    for r in ok:
+        combos.setdefault(tuple(str(r.get(k, "")) or "unrecorded" for k in POOLING_KEYS), []).append(r["path"])
+    if len(combos) > 1 and not allow_mixed:
+        listed = "; ".join(f"commit {commit[:12]}, warm start {warm}: {len(paths)} runs (e.g. {paths[0]})"
+                           for (commit, warm), paths in sorted(combos.items()))
+        raise MixedProvenanceError(
+            f"the runs to pool come from {len(combos)} different (commit, warm start) combinations: {listed}. "
+            "Rerun the older runs on one commit (delete their directories and run the sweep again), or pass "
+            "--allow-mixed to pool them anyway (the report then says so)")
+    dirty = sum(str(r.get("prov_dirty", "")) == "True" for r in ok)
+    line = (f"Pooled {len(ok)} ok runs: commit {', '.join(c[:12] for c in values('prov_commit'))}"
+            + (f" ({dirty} with uncommitted changes)" if dirty else "")
+            + f"; warm start {', '.join(values('prov_warm_start'))}; torch {', '.join(values('prov_torch'))}, "
+            f"transformers {', '.join(values('prov_transformers'))}; threads {', '.join(values('prov_threads'))}; "
+            f"CPU {', '.join(values('prov_cpu'))}.")
+    return ("MIXED PROVENANCE (pooled with --allow-mixed). " + line) if len(combos) > 1 else line
+
+
+def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None, allow_mixed: bool = False) -> Path:
     """Write ``results.csv``, ``summary.csv``, ``report.md`` and ``plots/*.png``; return report.md's path.
 
     `out_dir` defaults to the sweep directory, so the report's relative image links work
-    wherever the sweep is copied.
+    wherever the sweep is copied. Runs from different commits or warm starts are refused
+    (`pooled_provenance`) unless `allow_mixed`.
     """
     sweep_dir = Path(sweep_dir)
     out_dir = Path(out_dir) if out_dir is not None else sweep_dir
@@ -81,6 +120,7 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
     plot_dir.mkdir(parents=True, exist_ok=True)
 
     rows = collect_runs(sweep_dir)
+    provenance_line = pooled_provenance(rows, allow_mixed)
     entries = summarise(rows)
     pairs = paired_differences(rows)
     _write_csv(out_dir / "results.csv", rows, RUN_COLUMNS)
@@ -97,6 +137,8 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
         "",
         f"Sweep `{sweep_dir}`: {len(rows)} runs ({counts['ok']} ok, {counts['failed']} failed, "
         f"{counts['incomplete']} incomplete). Per-run numbers: `results.csv`; per-variant: `summary.csv`.",
+        "",
+        provenance_line,
         "",
         "Columns: *final sampled acc* is held-out accuracy at temperature 1 after training, mean over "
         "the ok seeds ± the 95% Student-t half-width (n/a for one seed); *gain* is final minus "
@@ -148,10 +190,12 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None) -> Pa
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m ablations.report SWEEP_DIR``: build the report and print the tables."""
     args = list(sys.argv[1:] if argv is None else argv)
+    allow_mixed = "--allow-mixed" in args
+    args = [a for a in args if a != "--allow-mixed"]
     if len(args) != 1:
-        print("usage: python -m ablations.report SWEEP_DIR", file=sys.stderr)
+        print("usage: python -m ablations.report SWEEP_DIR [--allow-mixed]", file=sys.stderr)
         return 2
-    report = build_report(args[0])
+    report = build_report(args[0], allow_mixed=allow_mixed)
     print(format_table(args[0]))
     print(f"\nreport: {report}")
     return 0

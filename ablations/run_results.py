@@ -28,6 +28,11 @@ Per-run numbers (`collect_runs`, one row per run directory, also written to ``re
     metric, metric_value        the ablation's own metric (name, last-10% mean)
     reused_from                 for a run copied from an identical run (see the runner):
                                 that run's path; "" for a run that trained
+    prov_commit, prov_dirty, prov_warm_start, prov_torch, prov_transformers, prov_python,
+    prov_threads, prov_cpu, prov_processes
+                                the run's provenance from summary.json (`ppo.provenance`):
+                                which code, warm start, libraries, threads and machine
+                                ("" for runs that recorded none)
     <extra metric keys>         each extra metric of the ablation, last-10% mean
     <extra metric key>:all      ... and its mean over every training step (`run_mean`)
 
@@ -49,6 +54,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ppo.provenance import FIELDS as PROVENANCE_FIELDS
+
 from .stats import as_float as _as_float
 
 DEFAULT_METRIC = "eval_sampled_accuracy"
@@ -62,11 +69,12 @@ RUN_COLUMNS = (
     "initial_sampled_accuracy", "final_sampled_accuracy", "final_greedy_accuracy", "accuracy_gain",
     "reward", "kl", "kl_k1", "entropy", "response_length_correct", "response_length_incorrect",
     "wall_seconds", "samples", "metric", "metric_value", "reused_from",
-)
+) + tuple(f"prov_{name}" for name in PROVENANCE_FIELDS)
 # Training-metric columns that are last-10% means of the metrics.jsonl key of the same name.
 TAIL_COLUMNS = ("reward", "kl", "kl_k1", "entropy", "response_length_correct", "response_length_incorrect")
 # Non-numeric per-run columns: never averaged over seeds.
-TEXT_COLUMNS = ("ablation", "variant", "seed", "status", "error", "path", "metric", "reused_from")
+TEXT_COLUMNS = ("ablation", "variant", "seed", "status", "error", "path", "metric", "reused_from") + tuple(
+    f"prov_{name}" for name in PROVENANCE_FIELDS)
 
 
 # ==========================================================================================
@@ -278,6 +286,7 @@ def _run_row(sweep_dir: Path, ablation: str, variant: str, seed: int, run_dir: P
         "metric": spec.metric,
         "metric_value": tail_mean(rows, spec.metric),
         "reused_from": _reused_from(sweep_dir, run_dir),
+        **{f"prov_{name}": (summary.get("provenance") or {}).get(name, "") for name in PROVENANCE_FIELDS},
     }
     for key in spec.extra_metrics:
         row.setdefault(key, tail_mean(rows, key))

@@ -150,6 +150,13 @@ def test_failed_run_is_recorded_and_the_rest_complete(tmp_path, tiny_model_dir, 
     assert [r["step"] for r in rows] == [0, 1] and (good / "summary.json").is_file()
     assert "run: " in (good / "stdout.log").read_text()  # the run's stdout went to its log
     assert not (good / "error.txt").exists()
+    # Its results.csv row says which code, warm start, libraries, threads and machine made it.
+    from ablations.report import collect_runs
+    from ppo import provenance, sft
+    row = next(r for r in collect_runs(sweep) if r["variant"] == "b")
+    assert all(row[f"prov_{name}"] != "" for name in provenance.FIELDS), row
+    assert row["prov_warm_start"] == sft.weights_sha256(tiny_model_dir)[:16]
+    assert row["prov_threads"] == yaml.safe_load((good / "config.yaml").read_text())["threads"]
 
     # Rerunning retries the failed run only; its error.txt is gone before the new attempt.
     relaunched = []
@@ -273,12 +280,13 @@ def test_run_command_sweeps_then_reports(tmp_path, capsys, monkeypatch):
         calls.update(names=[a.name for a in ablations], sweep_dir=Path(sweep_dir), **kwargs)
         return runner.SweepResult(Path(sweep_dir), [RunOutcome(None, "ok")])
 
-    def build_report(sweep_dir):
+    def build_report(sweep_dir, allow_mixed=False):
         Path(sweep_dir).mkdir(parents=True, exist_ok=True)
         (Path(sweep_dir) / "report.md").write_text("# report\n")
         return Path(sweep_dir) / "report.md"
 
-    report = types.SimpleNamespace(build_report=build_report, format_table=lambda d: "| variant | accuracy |")
+    report = types.SimpleNamespace(build_report=build_report, format_table=lambda d: "| variant | accuracy |",
+                                   collect_runs=lambda d: [], pooled_provenance=lambda rows, allow: "Pooled 0 ok runs")
     monkeypatch.setattr(runner, "run_sweep", fake_sweep)
     monkeypatch.setitem(sys.modules, "ablations.report", report)
     monkeypatch.chdir(tmp_path)
@@ -308,7 +316,9 @@ def test_variants_option_keeps_the_base_and_refuses_unknown_names(tmp_path, caps
         seen["variants"] = {a.name: [v.name for v in a.variants] for a in ablations}
         return runner.SweepResult(Path(sweep_dir), [RunOutcome(None, "ok")])
 
-    report = types.SimpleNamespace(build_report=lambda d: Path(d) / "report.md", format_table=lambda d: "")
+    report = types.SimpleNamespace(build_report=lambda d, allow_mixed=False: Path(d) / "report.md",
+                                   format_table=lambda d: "", collect_runs=lambda d: [],
+                                   pooled_provenance=lambda rows, allow: "")
     monkeypatch.setattr(runner, "run_sweep", fake_sweep)
     monkeypatch.setitem(sys.modules, "ablations.report", report)
     monkeypatch.chdir(tmp_path)

@@ -87,3 +87,47 @@ def test_provenance_names_code_warm_start_libraries_threads_and_machine(tiny_mod
     assert record["torch"] == torch.__version__ and record["threads"] == 3 and record["processes"] == 2
     assert record["cpu"] and record["cpu"] != "unknown"
     assert provenance.collect(None, threads=1)["warm_start"] == "in-memory"
+
+
+def _finished_run(run_dir, commit, warm_start, final):
+    """A run directory as a finished run leaves it, with the given provenance."""
+    import json
+
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.yaml").write_text("total_steps: 1\nseed: 1\n")
+    (run_dir / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval_sampled_accuracy": 0.4}) + "\n"
+                                          + json.dumps({"step": 1, "eval_sampled_accuracy": final}) + "\n")
+    record = provenance.collect(None, threads=1)
+    record.update(commit=commit, warm_start=warm_start, dirty=False)
+    (run_dir / "summary.json").write_text(json.dumps({
+        "steps": 1, "initial_eval": {"sampled_accuracy": 0.4}, "final_eval": {"sampled_accuracy": final},
+        "provenance": record}))
+
+
+def test_the_report_refuses_to_pool_runs_of_different_code_or_warm_starts(tmp_path, capsys):
+    from ablations.__main__ import main
+    from ablations.report import MixedProvenanceError, build_report
+
+    sweep = tmp_path / "sweep"
+    for seed in (1, 2):
+        _finished_run(sweep / "toy" / "a" / f"seed{seed}", "a" * 40, "w1", 0.5)
+        _finished_run(sweep / "toy" / "b" / f"seed{seed}", "a" * 40, "w1", 0.6)
+    report = build_report(sweep).read_text()  # one commit, one warm start: pooled, and said so
+    assert "Pooled 4 ok runs: commit aaaaaaaaaaaa; warm start w1;" in report
+    # one run from other code: refused, naming both combinations and a run of each
+    import shutil
+
+    shutil.rmtree(sweep / "toy" / "b" / "seed2")
+    _finished_run(sweep / "toy" / "b" / "seed2", "b" * 40, "w1", 0.6)
+    with pytest.raises(MixedProvenanceError, match=r"2 different \(commit, warm start\).*bbbbbbbbbbbb.*toy/b/seed2"):
+        build_report(sweep)
+    assert main(["report", str(sweep)]) == 1 and "--allow-mixed" in capsys.readouterr().err
+    # a different warm start is refused the same way
+    shutil.rmtree(sweep / "toy" / "b" / "seed2")
+    _finished_run(sweep / "toy" / "b" / "seed2", "a" * 40, "w2", 0.6)
+    with pytest.raises(MixedProvenanceError, match="warm start w2"):
+        build_report(sweep)
+    # told to, it pools them and the report and the terminal say so
+    assert main(["report", str(sweep), "--allow-mixed"]) == 0
+    assert "MIXED PROVENANCE (pooled with --allow-mixed)" in capsys.readouterr().out
+    assert "MIXED PROVENANCE" in (sweep / "report.md").read_text()

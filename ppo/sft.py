@@ -282,8 +282,10 @@ def main(argv: list[str] | None = None) -> None:
     pinned = warm_start(config, stop_after=args.stop_after) if args.force else model_dir
     print(f"SFT warm start: {model_dir}" + (" (pinned: the same bits on every machine)"
                                             if model_dir.parent == PINNED_DIR else ""))
-    print(f"weights sha256 {info.get('weights_sha256', weights_sha256(model_dir))[:16]}; trained in {info['train_seconds']:.1f}s "
-          f"({info.get('steps_trained', config.steps)} of {config.steps} steps, seed {config.seed})")
+    trained = f"{info.get('steps_trained', config.steps)} of {config.steps} steps, seed {config.seed}"
+    if model_dir.parent != PINNED_DIR:  # a pinned start was trained elsewhere: its time says nothing here
+        trained += f", {info['train_seconds']:.1f}s"
+    print(f"weights sha256 {info.get('weights_sha256', weights_sha256(model_dir))[:16]}; trained {trained}")
     print(f"held-out set: {len(config.task().eval_problems())} problems, levels {list(config.levels)} "
           "(operands, digits)")
     print(format_eval(info["eval"]))

@@ -131,3 +131,23 @@ def test_the_report_refuses_to_pool_runs_of_different_code_or_warm_starts(tmp_pa
     assert main(["report", str(sweep), "--allow-mixed"]) == 0
     assert "MIXED PROVENANCE (pooled with --allow-mixed)" in capsys.readouterr().out
     assert "MIXED PROVENANCE" in (sweep / "report.md").read_text()
+
+
+def test_the_demo_table_in_the_testbed_page_is_the_recorded_sweep():
+    """docs/testbed.md quotes the quick sweep kept in docs/results/data/quick/: the same numbers,
+    every run from the pinned warm start and one commit."""
+    import csv
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    rows = list(csv.DictReader(open(root / "docs/results/data/quick/results.csv")))
+    assert {r["prov_warm_start"] for r in rows} == {PINNED_FULL[:16]} and len({r["prov_commit"] for r in rows}) == 1
+    page = (root / "docs/testbed.md").read_text()
+    for variant, label in (("ppo", "ppo (`alpacafarm`)"), ("grpo", "grpo")):
+        runs = sorted((r for r in rows if r["variant"] == variant), key=lambda r: int(r["seed"]))
+        expected = (f"| {label} | " + ", ".join(f"{float(r['final_sampled_accuracy']):.3f}" for r in runs) + " | "
+                    + ", ".join(f"{float(r['accuracy_gain']):+.3f}" for r in runs) + " | "
+                    + ", ".join(f"{float(r['kl_k1']):.2f}" for r in runs) + " |")
+        assert expected in page, expected
+    assert re.search(r"at\s+commit\s+" + rows[0]["prov_commit"][:7], page)

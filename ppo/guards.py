@@ -114,7 +114,7 @@ def reward_values(rewards: Any, prompts: Sequence[str], responses: Sequence[str]
         try:
             values.append(float(reward))
         except OverflowError:  # an int beyond float range: infinite, so check_scores names it
-            values.append(math.copysign(math.inf, reward))
+            values.append(math.inf if reward > 0 else -math.inf)
     return values
 
 

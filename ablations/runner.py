@@ -66,7 +66,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from ppo.run_dir import RunLock
+from ppo.run_dir import LOCK_FD_VARIABLE, RunLock
 
 from .run_dirs import REUSED_FROM, completed_runs_by_fingerprint, copy_run, prepare_run_dir
 from .run_process import (PR_SET_PDEATHSIG, STOP_GRACE_SECONDS, SweepInterrupted, _die_with_parent, _live_lock,
@@ -128,6 +128,8 @@ def launch_run(spec: RunSpec, resume: bool = False, timeout: float | None = None
         # Its own process group, so stopping the sweep stops the run and its children; the
         # run directory's lock descriptor goes with it (see `attempt_run`).
         lock_fd = _run_lock_fds.get(spec.run_dir)
+        if lock_fd is not None:  # the run's trainer takes this lock as its own instead of waiting on it
+            env[LOCK_FD_VARIABLE] = str(lock_fd)
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.PIPE, text=True, errors="replace",
                                    env=env, start_new_session=True, preexec_fn=_die_with_parent,
                                    pass_fds=() if lock_fd is None else (lock_fd,))

@@ -9,15 +9,20 @@ A checkpoint is a folder ``OUTPUT_DIR/checkpoints/step_NNNNNN`` holding
 - ``rng_rank{r}.pt`` for every other process: its own prompt, sampling and shuffling streams.
 
 `save` writes into a temporary folder and renames it into place, so a run killed mid-write
-leaves the previous checkpoint untouched. `load` takes the newest checkpoint whose every
-file reads back; a damaged one is skipped with a warning (on every rank alike). The trainer
+leaves the previous checkpoint untouched; a write that fails (a full disk) removes the
+temporary folder and stops the run naming the disk, the previous checkpoint intact. Every
+file it writes goes into the run's manifest (``--restart`` removes exactly those). `load` takes the newest checkpoint whose every
+file reads back and whose ``state.json`` holds values of the right type and range (its step
+that of its folder); a damaged one is skipped with a warning (on every rank alike). The trainer
 calls each once (`RLTrainer.save_checkpoint`, `RLTrainer.load_checkpoint`); the run
 directory's other files (config, metrics, resume checks) are `ppo/run_dir.py`'s.
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
 import random
 import shutil
@@ -42,42 +47,95 @@ def save(trainer: RLTrainer) -> Path:
 
     The main process writes the weights and optimizer state (identical on every rank);
     every other rank adds its own RNG state (``rng_rank{r}.pt``: its prompts, samples and
-    minibatch order), so an N-process resume continues exactly like a straight run.
+    minibatch order), so an N-process resume continues exactly like a straight run. A failed
+    write stops every rank with `CheckpointWriteError`; the temporary folder is removed.
     """
     root = trainer.output_dir / "checkpoints"
     final = root / f"step_{trainer.step:06d}"
     tmp = root / f".tmp_step_{trainer.step:06d}_{distributed.broadcast_object(os.getpid())}"
+    main = distributed.is_main_process()
+    error = _attempt(lambda: _write_main(trainer, tmp)) if main else None
+    _stop_if_failed(trainer, error, tmp, final)  # every rank decides together: the folder exists
+    if not main:
+        error = _attempt(lambda: torch.save(rng_state(trainer), tmp / f"rng_rank{distributed.rank()}.pt"))
+    _stop_if_failed(trainer, error, tmp, final)  # every rank's state is in it
+    if main:
+        error = _attempt(lambda: _publish(trainer, tmp, final))
+    _stop_if_failed(trainer, error, tmp, final)
+    return final
+
+
+class CheckpointWriteError(run_dir.RunDirectoryError):
+    """A checkpoint could not be written (a full disk, a read-only one); the previous one is intact."""
+
+
+def _attempt(write) -> Exception | None:
+    try:
+        write()
+    except (OSError, RuntimeError) as exc:  # torch reports a full disk as RuntimeError (inline_container.cc)
+        return exc
+    return None
+
+
+def _write_main(trainer: RLTrainer, tmp: Path) -> None:
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_policy(trainer.accelerator.unwrap_model(trainer.policy), tmp / "policy")
+    trainer.tokenizer.save_pretrained(tmp / "policy")
+    if trainer.value_model is not None:
+        trainer.accelerator.unwrap_model(trainer.value_model).save_pretrained(tmp / "value")
+    torch.save({
+        "policy_optimizer": trainer.policy_optimizer.state_dict(),
+        "value_optimizer": trainer.value_optimizer.state_dict() if trainer.value_optimizer else None,
+        "schedulers": [s.state_dict() for s in trainer.schedulers],
+        **rng_state(trainer),
+    }, tmp / "trainer_state.pt")
+    (tmp / "state.json").write_text(json.dumps({
+        "step": trainer.step, "kl_controller": trainer.kl_controller.state_dict(),
+        "model_path": trainer.model_path, "retired_prompts": sorted(trainer.prompt_pool.retired),
+        "world_size": distributed.world_size(), "samples_generated": trainer.samples_generated}))
+
+
+def _publish(trainer: RLTrainer, tmp: Path, final: Path) -> None:
+    """Rename the finished folder into place, list its files in the manifest, prune old ones
+    (never a folder this run did not write: a link is refused before training starts)."""
+    root = final.parent
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    run_dir.record_written(trainer.output_dir, *(f for f in sorted(final.rglob("*")) if f.is_file()))
+    existing = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.is_symlink())
+    keep = trainer.config.keep_checkpoints
+    for old in existing[:-keep] if keep else []:
+        shutil.rmtree(old)
+
+
+def _stop_if_failed(trainer: RLTrainer, error: Exception | None, tmp: Path, final: Path) -> None:
+    """Stop every rank when one failed to write; remove the partial folder (main process)."""
+    if not distributed.any_rank(error is not None):
+        return
     if distributed.is_main_process():
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        save_policy(trainer.accelerator.unwrap_model(trainer.policy), tmp / "policy")
-        trainer.tokenizer.save_pretrained(tmp / "policy")
-        if trainer.value_model is not None:
-            trainer.accelerator.unwrap_model(trainer.value_model).save_pretrained(tmp / "value")
-        torch.save({
-            "policy_optimizer": trainer.policy_optimizer.state_dict(),
-            "value_optimizer": trainer.value_optimizer.state_dict() if trainer.value_optimizer else None,
-            "schedulers": [s.state_dict() for s in trainer.schedulers],
-            **rng_state(trainer),
-        }, tmp / "trainer_state.pt")
-        (tmp / "state.json").write_text(json.dumps({
-            "step": trainer.step, "kl_controller": trainer.kl_controller.state_dict(),
-            "model_path": trainer.model_path, "retired_prompts": sorted(trainer.prompt_pool.retired),
-            "world_size": distributed.world_size(), "samples_generated": trainer.samples_generated}))
-    distributed.barrier()  # the folder exists
-    if not distributed.is_main_process():
-        torch.save(rng_state(trainer), tmp / f"rng_rank{distributed.rank()}.pt")
-    distributed.barrier()  # every rank's state is in it
-    if distributed.is_main_process():
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        existing = sorted(root.glob("step_*"))
-        keep = trainer.config.keep_checkpoints
-        for old in existing[:-keep] if keep else []:
-            shutil.rmtree(old)
-    distributed.barrier()
-    return final
+    previous = [p.name for p in run_dir.checkpoint_candidates(trainer.output_dir) if p != final]
+    kept = (f"the previous checkpoint {previous[0]} is intact, and --resume continues from it"
+            if previous else "no earlier checkpoint exists; --resume starts the run again from step 0")
+    reason = f"{type(error).__name__}: {error}" if error is not None else "failed on another process"
+    raise CheckpointWriteError(f"{final}: could not write the checkpoint of step {trainer.step} ({reason}); "
+                               f"{disk_report(trainer.output_dir, error)}; {kept}") from None
+
+
+def disk_report(path: Path, error: Exception | None) -> str:
+    """Which disk holds `path` (its mount point) and how much room is left on it."""
+    mount = Path(os.path.abspath(path))
+    while not mount.exists() or not os.path.ismount(mount):
+        mount = mount.parent
+    try:
+        free = f"{shutil.disk_usage(mount).free / 2**20:.0f} MiB free"
+    except OSError:
+        free = "free space unknown"
+    full = isinstance(error, OSError) and error.errno == errno.ENOSPC or "enforce fail" in str(error)
+    what = "the disk is full" if full else "the write failed"
+    return f"{what}: the disk mounted at {mount} holds the run ({free}); make room or move the run"
 
 
 def load(trainer: RLTrainer) -> bool:
@@ -129,9 +187,42 @@ def set_rng_state(trainer: RLTrainer, state: dict) -> None:
     trainer.rng.setstate(state["python_rng"])
 
 
+def check_state(info, path: Path) -> None:
+    """Refuse a ``state.json`` whose values have the wrong type or range (hand-edited, or
+    damaged yet still JSON): its step must be the folder's, the KL coefficient finite."""
+    def refuse(field, why):
+        raise ValueError(f"{path / 'state.json'}: {field} {why}")
+
+    if not isinstance(info, dict):
+        refuse("content", f"is {type(info).__name__}, not a JSON object")
+    step = info.get("step")
+    folder_step = int(path.name.split("_")[-1])
+    if type(step) is not int or step != folder_step or step < 0:
+        refuse("step", f"is {step!r}, not the step {folder_step} of the folder it is in")
+    kl = info.get("kl_controller")
+    value = kl.get("value") if isinstance(kl, dict) else None
+    if type(value) not in (int, float) or not math.isfinite(value) or value < 0:
+        refuse("kl_controller", f"is {kl!r}, not {{'value': a finite coefficient >= 0}}")
+    world = info.get("world_size", 1)
+    if type(world) is not int or world < 1:
+        refuse("world_size", f"is {world!r}, not a positive integer")
+    samples = info.get("samples_generated", 0)
+    if type(samples) is not int or samples < 0:
+        refuse("samples_generated", f"is {samples!r}, not a count")
+    retired = info.get("retired_prompts", [])
+    if not isinstance(retired, list) or not all(isinstance(r, (str, int)) for r in retired):
+        refuse("retired_prompts", f"is {_brief(retired)}, not a list of prompts")
+
+
+def _brief(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:60] + "..."
+
+
 def _read(trainer: RLTrainer, path: Path) -> dict:
     """Every file of one checkpoint, read into memory (raises if any is damaged)."""
     info = json.loads((path / "state.json").read_text())
+    check_state(info, path)
     saved = {"info": info, "step": int(info["step"]), "kl_controller": info["kl_controller"],
              "trainer": torch.load(path / "trainer_state.pt", weights_only=True)}
     check_safetensors(path / "policy")

@@ -14,8 +14,11 @@ Examples::
 
 A resume refuses a config that differs from the run's config.yaml in anything but the fields
 of `ppo.config.RESUMABLE_FIELDS` unless each changed field is named with ``--allow-change``;
-allowed changes are recorded in the run's ``resume_history.jsonl``. Errors of the run
-(bad config, damaged run directory, non-finite rewards) print one message, no traceback.
+allowed changes are recorded in the run's ``resume_history.jsonl``. A field of
+`RESUMABLE_FIELDS` that a resume does not repeat keeps the run's stored value (not the
+preset's). Config files with a key set twice are refused. Errors of the run (bad config,
+damaged run directory, non-finite rewards, another process writing the run) print one
+message, no traceback.
 """
 
 from __future__ import annotations
@@ -29,8 +32,9 @@ from pathlib import Path
 
 import yaml
 
-from .config import (PRESETS, RENAMED_FIELDS, PPOConfig, field_help, parse_override, preset, read_yaml_mapping,
+from .config import (PRESETS, RENAMED_FIELDS, RESUMABLE_FIELDS, PPOConfig, field_help, parse_override, preset,
                      upgrade_field_names)
+from .run_dir import read_config_file
 
 
 def _yaml_value(text: str):
@@ -70,27 +74,44 @@ def config_from_args(args: argparse.Namespace) -> PPOConfig:
     # source overrides the new name in a lower one instead of clashing with it.
     overrides = {}
     if args.config:
-        overrides.update(upgrade_field_names(read_yaml_mapping(args.config)))
+        overrides.update(upgrade_field_names(read_config_file(args.config)))
     flags = {name: getattr(args, name) for name in [f.name for f in fields(PPOConfig)] + list(RENAMED_FIELDS)}
     overrides.update(upgrade_field_names({name: value for name, value in flags.items() if value is not None}))
     for text in args.set:
         name, value = parse_override(text)
         overrides[name] = value
+    saved = Path(overrides.get("output_dir", PPOConfig().output_dir)) / "config.yaml"
     if args.resume and not args.preset and not args.config:
         # Resume from the run's own config.yaml, with any explicit overrides on top.
-        output_dir = overrides.get("output_dir", PPOConfig().output_dir)
-        saved = Path(output_dir) / "config.yaml"
         if not saved.exists():
             raise FileNotFoundError(f"{saved}: nothing to resume")
-        try:
-            return PPOConfig.from_dict({**upgrade_field_names(read_yaml_mapping(saved)), **overrides})
-        except ValueError as error:
-            raise ValueError(f"{saved}: {error}") from None
+        return PPOConfig.from_dict({**stored_settings(saved), **overrides})
     if args.preset:
-        return preset(args.preset, testbed=args.testbed, **overrides)
-    if args.testbed:
+        config = preset(args.preset, testbed=args.testbed, **overrides)
+    elif args.testbed:
         raise ValueError("--testbed scales a preset: pass --preset too")
-    return PPOConfig.from_dict(overrides)
+    else:
+        config = PPOConfig.from_dict(overrides)
+    if args.resume and saved.is_file():
+        # A field a resume may change keeps the run's value unless this command sets it: the
+        # preset's default is not a request (save_every 1 must not silently become 0).
+        stored = stored_settings(saved)
+        kept = {name: stored[name] for name in RESUMABLE_FIELDS if name in stored and name not in overrides}
+        config = config.replace(**kept) if kept else config
+    return config
+
+
+def stored_settings(saved: Path) -> dict:
+    """A run's ``config.yaml`` as a mapping; refused when empty or when a key is set twice."""
+    try:
+        data = upgrade_field_names(read_config_file(saved))
+        if not data:
+            raise ValueError("empty: it holds no settings, and reading it as the defaults would resume another run")
+        PPOConfig.from_dict(data)
+    except ValueError as error:
+        message = str(error)
+        raise ValueError(message if message.startswith(str(saved)) else f"{saved}: {message}") from None
+    return data
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -114,6 +114,7 @@ class PPOConfig:
     stop_token_ids: list[int] | None = _f(None, "Token ids that end a response. None = every EOS id the checkpoint declares (tokenizer, generation_config, config), as instruct models list several.")
     max_prompt_length: int | None = _f(None, "Longest prompt in tokens, BOS included; None = the model's context minus response_length (TRL max_prompt_length).")
     prompt_truncation: str = _f("left", "A prompt over max_prompt_length: 'left' drops its oldest tokens, 'right' its end, 'error' refuses it (TRL truncation_side).")
+    split_special_tokens: bool = _f(False, "Prompt text spelling a special token ('a<eos>b'): False encodes it as that token (the tokenizer's rule), True as its characters (HF split_special_tokens).")
     pad_to_response_length: bool = _f(False, "Right-pad every rollout batch to response_length, so whitening over padding and the seq_mean_token_sum_norm divisor see that fixed width, not the batch's longest response (AlpacaFarm rl_models.py right_pad to response_len).")
     logprobs_from_generation: bool = _f(False, "Old log-probs from the generation logits instead of a teacher-forced pass: a pass fewer, but kernels can differ numerically (TRL PPOTrainer: on; AlpacaFarm: off).")
 

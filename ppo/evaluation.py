@@ -6,6 +6,11 @@ explores, and it is the one RL optimises directly (a sharper policy raises it ev
 greedy accuracy stays put). Lengths are split into correct and incorrect responses because
 several ablations (GRPO's length normalisation, Kimi's length reward) move them apart.
 
+Evaluation is guarded as training is: the same prompt truncation (`max_prompt_length`,
+`prompt_truncation`), and the same rule for a NaN or infinite reward (ppo/guards.py
+`check_scores`: stop, or with ``nonfinite_rewards='drop'`` leave the sample out and count it
+in ``*_dropped_nonfinite``); a reward function that raises is re-raised naming the batch.
+
 Evaluation reseeds sampling (so two evaluations of the same policy agree) and must then
 put every random generator back as it found it: `preserve_rng_state` saves and restores
 Python's, torch's CPU generator and the accelerator's per-device generators (CUDA, MPS,
@@ -24,15 +29,33 @@ from typing import Callable, Iterator, Sequence
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+from .guards import NonFiniteError, RewardTypeError, check_scores, reward_function_error
 from .rollout import decode_responses, generate
 from .tasks.base import Problem, Score, Task
 
 
+def score_source(task: Task) -> str:
+    """What scores `task`'s responses, for error messages."""
+    reward_fn = getattr(task, "reward_fn", None)
+    if reward_fn is not None:
+        return f"reward_fn {getattr(reward_fn, '__qualname__', type(reward_fn).__name__)}"
+    return f"task {getattr(task, 'name', type(task).__name__)}"
+
+
 def score_batch(task: Task, problems: Sequence[Problem], texts: list[str], has_eos: list[bool]) -> list[Score]:
-    """Score a batch, in one call when the task can (custom reward functions), else one by one."""
-    if hasattr(task, "score_batch"):
-        return task.score_batch(problems, texts, has_eos)
-    return [task.score(problem, text, eos) for problem, text, eos in zip(problems, texts, has_eos)]
+    """Score a batch, in one call when the task can (custom reward functions), else one by one.
+
+    An exception inside the scorer comes back as `RewardFunctionError` naming the batch (its
+    cause is the original); the guards' own errors pass through as they are.
+    """
+    try:
+        if hasattr(task, "score_batch"):
+            return task.score_batch(problems, texts, has_eos)
+        return [task.score(problem, text, eos) for problem, text, eos in zip(problems, texts, has_eos)]
+    except (RewardTypeError, NonFiniteError):
+        raise
+    except Exception as error:
+        raise reward_function_error(error, score_source(task), [p.prompt for p in problems]) from error
 
 
 def accelerator_rng_devices() -> tuple[str, list[int]] | None:
@@ -100,18 +123,26 @@ def score_generations(
     temperature: float = 1.0,
     batch_size: int = 128,
     gather: Callable[[list], list] | None = None,
+    max_prompt_length: int | None = None,
+    prompt_truncation: str = "error",
+    nonfinite_rewards: str = "stop",
+    source: str | None = None,
 ) -> dict:
     """Generate for every problem and summarise: accuracy, format rates, lengths.
 
     In a data-parallel run each process passes its own shard of `problems` and
     ``gather=ppo.distributed.gather_objects``: the summary then covers every process's
-    problems (and is the same on every process).
+    problems (and is the same on every process). Prompts over `max_prompt_length` are cut
+    as `prompt_truncation` says; a non-finite reward stops the run, or with
+    ``nonfinite_rewards='drop'`` its sample is left out and counted (``dropped_nonfinite``).
     """
     correct, lengths, has_eos, has_answer, levels = [], [], [], [], []
+    rewards, prompts, responses = [], [], []
     for start in range(0, len(problems), batch_size):
         chunk = list(problems[start:start + batch_size])
         rollout = generate(model, tokenizer, [p.prompt for p in chunk], max_new_tokens,
-                           temperature=temperature, greedy=greedy)
+                           temperature=temperature, greedy=greedy, max_prompt_length=max_prompt_length,
+                           prompt_truncation=prompt_truncation)
         texts = decode_responses(tokenizer, rollout)
         eos_flags = rollout.has_eos.tolist()
         scores = score_batch(task, chunk, texts, eos_flags)
@@ -121,9 +152,19 @@ def score_generations(
             has_eos.append(eos)
             lengths.append(length)
             levels.append(problem.level)
+            rewards.append(score.reward)
+        prompts += [p.prompt for p in chunk]
+        responses += texts
+    # Training's non-finite rule, decided once per evaluation on every rank together (a
+    # shard's number of chunks differs between ranks; the collective must not).
+    finite = check_scores(torch.tensor(rewards, dtype=torch.float64), prompts, responses,
+                          f"{source or score_source(task)} (held-out evaluation)",
+                          drop=nonfinite_rewards == "drop").tolist()
     # In a data-parallel run each process scored its shard of the held-out set: summarise all.
-    records = list(zip(correct, has_answer, has_eos, lengths, levels))
+    records = [record for record, keep in zip(zip(correct, has_answer, has_eos, lengths, levels), finite) if keep]
+    dropped = len(finite) - len(records)
     records = gather(records) if gather is not None else records
+    dropped = sum(gather([dropped]) if gather is not None else [dropped])
     correct, has_answer, has_eos, lengths, levels = (list(column) for column in zip(*records)) if records else ([],) * 5
     by_level = defaultdict(list)
     for level, ok in zip(levels, correct):
@@ -137,6 +178,7 @@ def score_generations(
         "length_correct": _mean([float(n) for n, c in zip(lengths, correct) if c]),
         "length_incorrect": _mean([float(n) for n, c in zip(lengths, correct) if not c]),
         "accuracy_by_level": {int(k): _mean(v) for k, v in sorted(by_level.items())},
+        **({"dropped_nonfinite": float(dropped)} if nonfinite_rewards == "drop" else {}),
     }
 
 
@@ -150,11 +192,16 @@ def evaluate(
     batch_size: int = 128,
     problems: Sequence[Problem] | None = None,
     gather: Callable[[list], list] | None = None,
+    max_prompt_length: int | None = None,
+    prompt_truncation: str = "error",
+    nonfinite_rewards: str = "stop",
+    source: str | None = None,
 ) -> dict:
     """Greedy and sampled (at `temperature`) metrics on the task's held-out set.
 
     `problems` may be this process's shard, with `gather` merging every process's results
-    (see `score_generations`).
+    (see `score_generations`, which also applies training's guards: `max_prompt_length`,
+    `prompt_truncation`, `nonfinite_rewards`; `source` names the scorer in its errors).
 
     Sampling is seeded with `seed` and every global RNG state (Python, torch CPU, accelerator
     devices) is restored afterwards (`preserve_rng_state`), so an evaluation in the middle
@@ -163,12 +210,14 @@ def evaluate(
     ``sampled_length_correct``, ... and per-level accuracies.
     """
     problems = list(task.eval_problems() if problems is None else problems)
+    guards = dict(max_prompt_length=max_prompt_length, prompt_truncation=prompt_truncation,
+                  nonfinite_rewards=nonfinite_rewards, source=source)
     with preserve_rng_state():
         torch.manual_seed(seed)
         greedy = score_generations(model, tokenizer, task, problems, max_new_tokens, greedy=True,
-                                   batch_size=batch_size, gather=gather)
+                                   batch_size=batch_size, gather=gather, **guards)
         sampled = score_generations(model, tokenizer, task, problems, max_new_tokens, greedy=False,
-                                    temperature=temperature, batch_size=batch_size, gather=gather)
+                                    temperature=temperature, batch_size=batch_size, gather=gather, **guards)
     flat = {}
     for prefix, result in (("greedy", greedy), ("sampled", sampled)):
         for key, value in result.items():

@@ -6,7 +6,11 @@ the values are checked where they enter, before they can reach an update or a sa
 
 - `reward_values`: what a user's ``reward_fn`` returned must be one real number per
   response (not None, a string, a scalar or a 2-D tensor). Errors name the prompt index,
-  the response and the reward function.
+  the response and the reward function. An integer too large for a float (``10**400``) is
+  an infinite reward, left to `check_scores`.
+- `RewardFunctionError`: an exception raised inside the reward function, re-raised with the
+  batch (how many responses, the first prompt) and, by the run loop, the step.
+- `check_prompts`: a prompt must be text the tokenizer can encode (a lone surrogate cannot).
 - `check_scores`: every sequence score (reward function or reward model) is finite, or the
   run stops before the update. With ``nonfinite_rewards="drop"`` the bad samples are kept
   out of the loss instead and counted in the metrics (`drop_nonfinite_scores`).
@@ -38,6 +42,28 @@ class NonFiniteError(RuntimeError):
 
 class RewardTypeError(TypeError):
     """A reward function returned something other than one real number per response."""
+
+
+class RewardFunctionError(RuntimeError):
+    """The reward function (or the task's scorer) raised; the message names the batch, and the
+    run loop adds the step. The original exception is its ``__cause__``."""
+
+
+def reward_function_error(error: Exception, source: str, prompts: Sequence[str]) -> RewardFunctionError:
+    first = f" (first prompt {_short(prompts[0])})" if prompts else ""
+    return RewardFunctionError(f"{source} raised {type(error).__name__}: {error} while scoring a batch of "
+                               f"{len(prompts)} responses to {len(set(prompts))} prompts{first}")
+
+
+def check_prompts(prompts: Sequence[str], where: str = "prompts") -> None:
+    """Refuse a prompt that is not valid Unicode text (a lone surrogate such as ``'\\ud800'``
+    cannot be encoded, and tokenizers fail on it without naming the prompt)."""
+    for index, prompt in enumerate(prompts):
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ValueError(f"{where}[{index}] {_short(prompt)}: not valid text ({error.reason} at character "
+                             f"{error.start}); fix or drop this prompt") from None
 
 
 def _name(reward_fn: Callable | None) -> str:
@@ -85,7 +111,10 @@ def reward_values(rewards: Any, prompts: Sequence[str], responses: Sequence[str]
             raise RewardTypeError(f"reward_fn {name} returned {type(reward).__name__} {_brief(reward)} as the "
                                   f"reward of prompt {index} {_short(prompts[index])} response "
                                   f"{_short(responses[index])}; rewards must be real numbers")
-        values.append(float(reward))
+        try:
+            values.append(float(reward))
+        except OverflowError:  # an int beyond float range: infinite, so check_scores names it
+            values.append(math.inf if reward > 0 else -math.inf)
     return values
 
 

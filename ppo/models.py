@@ -13,7 +13,14 @@ Implementation details that live here:
 - **Frozen models under the policy's autocast** (`ppo.precision.prepare_frozen`): otherwise
   bf16 fakes a KL at step 1.
 - **The lean forward** (`lean_forward`, `paired_critic_pass`, ...): switched on here for the
-  models it supports; `ppo.forward_passes` is where a step meets it.
+  models it supports; `ppo.forward_passes` is where a step meets it. The reference takes the
+  path the policy's passes take: when those run through the HF forward (gradient
+  checkpointing, a DDP wrapper) so does the reference, or float rounding fakes a step-1 KL.
+- **Token ids fit the embedding** (`check_token_ids`): a tokenizer's pad id past the
+  embedding matrix grows a loaded policy's matrix, or is refused with what to do.
+- **Special tokens spelled in prompt text** (`PPOConfig.split_special_tokens`): by default
+  ``'hello<eos>world'`` is encoded with the EOS token inside the prompt (the tokenizer's
+  usual rule); True encodes such text as the characters it is made of.
 """
 
 from __future__ import annotations
@@ -66,6 +73,9 @@ def setup_models(trainer, model_path: str | None, policy=None, tokenizer=None) -
         cast_master_weights(policy, config.model_dtype)
         if config.disable_dropout:
             disable_dropout(policy)
+    check_token_ids(policy, tokenizer, resize=trainer.model_path is not None)
+    # Prompt text such as '<eos>' is the special token by default, its characters with True.
+    tokenizer.split_special_tokens = config.split_special_tokens
     trainer.tokenizer = tokenizer
     trainer.stop_token_ids = config.stop_token_ids or declared_stop_token_ids(policy, tokenizer)
     trainer.max_prompt_length = resolve_max_prompt_length(policy, config.max_prompt_length, config.response_length)
@@ -101,10 +111,35 @@ def setup_models(trainer, model_path: str | None, policy=None, tokenizer=None) -
     trainer.ref_policy = ref_policy
     trainer.reward_model = prepare_frozen(accelerator, reward_model) if reward_model is not None else None
     if config.lean_forward and config.mixed_precision == "no":  # autocast lives in the module call
-        lean_forward.enable(trainer.policy_module, trainer.ref_policy, value_module, compile=config.compile_forward,
-                            share_prompts=config.share_prompt_prefix, padding_free=config.padding_free)
+        # The reference goes where the policy's own passes go (they run through
+        # `trainer.policy`: a DDP wrapper, or an HF forward under gradient checkpointing):
+        # the same weights through two code paths differ in rounding, a fake step-1 KL.
+        policy_lean = not lean_forward.enable(trainer.policy_module, compile=config.compile_forward,
+                                              share_prompts=config.share_prompt_prefix,
+                                              padding_free=config.padding_free)
+        policy_lean = policy_lean and lean_forward.lean_backbone(trainer.policy) is not None
+        lean_forward.enable(trainer.ref_policy if policy_lean else None, value_module,
+                            compile=config.compile_forward, share_prompts=config.share_prompt_prefix,
+                            padding_free=config.padding_free)
         if config.paired_critic_pass:  # one stacked update pass of policy and critic when shapes match
             lean_forward.pair(trainer.policy_module, value_module)
+
+
+def check_token_ids(policy, tokenizer, resize: bool) -> None:
+    """The pad, EOS and BOS ids must index the policy's embedding matrix (else the first
+    padded batch fails inside the embedding with an IndexError). A policy loaded here grows
+    its matrix to the tokenizer (`resize`); a policy passed in is refused with what to do."""
+    rows = policy.get_input_embeddings().weight.shape[0]
+    named = {"pad": tokenizer.pad_token_id, "eos": tokenizer.eos_token_id, "bos": tokenizer.bos_token_id}
+    outside = {name: token for name, token in named.items() if token is not None and token >= rows}
+    if outside and resize and max(outside.values()) < len(tokenizer):
+        policy.resize_token_embeddings(len(tokenizer))
+        return
+    if outside:
+        listed = ", ".join(f"{name} id {token}" for name, token in outside.items())
+        raise ValueError(f"the tokenizer's {listed} lies past the policy's embedding matrix ({rows} rows); "
+                         "call policy.resize_token_embeddings(len(tokenizer)) before passing it in, or give the "
+                         "tokenizer a pad token the model has an embedding for")
 
 
 def build_value_model(config, policy, device) -> ScalarHeadModel:

@@ -14,15 +14,22 @@ resume it with other settings. What this module guarantees, one function per cas
 - `prune_events`: tensorboard event files cut back to the resumed step, so the raw files
   hold no duplicate (tag, step) once the steps after it are redone.
 - `remove_stale_tmp`: ``.tmp_step_*`` folders of interrupted saves are removed.
-- `clear_outputs`: ``--restart`` removes what an earlier attempt wrote.
-- `RunLock`: a lock file beside the run directory, held while a process writes it (the sweep runner
-  holds it for each run it launches, and hands it to the run's process).
+- `check_fresh_start`: a new run refuses a directory that holds anything but the sweep
+  runner's own files, naming what is there: it never overwrites a user's ``config.yaml``.
+- `record_written` / `clear_outputs`: every file the run writes is listed in ``run_files.txt``
+  (the manifest); ``--restart`` removes exactly those and nothing else.
+- `check_run_files`: a run file that became a directory, or a checkpoint folder that is a
+  symbolic link, is named instead of failing deep inside a write or an ``rmtree``.
+- `lock_run` / `RunLock`: one writer per run directory. The trainer holds an OS lock for the
+  whole of ``train``; a second start or resume fails at once naming the live process. The
+  sweep runner takes the same lock and hands it to the run's process (``PPO_RUN_LOCK_FD``).
 
 Only the main process calls the functions that write; every rank may read.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -31,11 +38,22 @@ import time
 import warnings
 from pathlib import Path
 
+import yaml
+
 from .config import RENAMED_FIELDS, RESUMABLE_FIELDS, PPOConfig, read_yaml_mapping, renamed, resume_conflicts
 
-# What a run writes into its directory (--restart removes these and nothing else).
-RUN_OUTPUTS = ("config.yaml", "metrics.jsonl", "samples.jsonl", "summary.json", "initial_eval.json",
-               "resume_history.jsonl", "checkpoints")
+# The files a run writes at the top of its directory (besides tensorboard's event files and
+# the checkpoints); each is recorded in the manifest when the run opens the directory.
+RUN_FILES = ("config.yaml", "metrics.jsonl", "samples.jsonl", "summary.json", "initial_eval.json",
+             "resume_history.jsonl")
+RUN_OUTPUTS = RUN_FILES + ("checkpoints",)  # runs from before the manifest: what --restart removes
+# Every file the run wrote, one path (relative to the run directory) a line.
+MANIFEST = "run_files.txt"
+# The sweep runner's own files beside a run (ablations/run_dirs.py): a fresh run may start there.
+SWEEP_FILES = ("requested_config.yaml", "stdout.log", "error.txt", "reused_from.txt")
+# With this variable set, the process inherited the lock of its run directory on that file
+# descriptor from the sweep runner that launched it (ablations/runner.py).
+LOCK_FD_VARIABLE = "PPO_RUN_LOCK_FD"
 
 
 class RunDirectoryError(RuntimeError):
@@ -48,13 +66,22 @@ def resume_changes(output_dir: Path, config: PPOConfig, allowed: list[str] | tup
     `allowed` names fields outside `RESUMABLE_FIELDS` the user explicitly lets change.
     """
     path = Path(output_dir) / "config.yaml"
+    allowed = [renamed(name) if name in RENAMED_FIELDS else name for name in allowed]
     if not path.is_file():
-        return {}  # killed before config.yaml was written: nothing to compare with
+        if not run_started(output_dir) or UNCHECKED in allowed:
+            return {}  # killed before config.yaml was written (nothing to compare with), or allowed
+        raise RunDirectoryError(
+            f"{path}: missing, so the resumed config cannot be compared with the run's; restore it, or pass "
+            f"--allow-change {UNCHECKED} to resume with the config given here (recorded as unchecked in "
+            "resume_history.jsonl)")
     try:
-        stored = PPOConfig.from_dict(read_yaml_mapping(path))
+        data = read_config_file(path)
+        if not data:
+            raise ValueError("empty: it holds no settings, and reading it as the defaults would resume another run")
+        stored = PPOConfig.from_dict(data)
     except (ValueError, FileNotFoundError) as error:
         raise RunDirectoryError(f"{path}: cannot be read ({error}); repair it, or pass --restart to start over")
-    allowed = [renamed(name) if name in RENAMED_FIELDS else name for name in allowed]
+    allowed = [name for name in allowed if name != UNCHECKED]
     unknown = sorted(set(allowed) - set(stored.to_dict()))
     if unknown:
         raise RunDirectoryError(f"--allow-change: unknown field(s) {unknown}")
@@ -70,13 +97,70 @@ def resume_changes(output_dir: Path, config: PPOConfig, allowed: list[str] | tup
             f"or accept the change explicitly with " + " ".join(f"--allow-change {name}" for name in refused)
             + " (it is recorded in resume_history.jsonl). Fields that may always change: "
             + ", ".join(RESUMABLE_FIELDS))
+    structural = {name: (old, new) for name, (old, new) in structure(stored, config).items() if old != new}
+    if structural:
+        listed = "; ".join(f"{name}: {old!r} in the run, {new!r} requested" for name, (old, new) in structural.items())
+        raise RunDirectoryError(
+            f"{path}: " + " ".join(f"--allow-change {name}" for name in conflicts) + " cannot resume this run: the "
+            f"changed config builds other models than its checkpoints hold ({listed}). The checkpoints are intact; "
+            "resume with the run's settings, or start a new run in another output_dir")
     return conflicts
 
 
-def record_resume(output_dir: Path, step: int, changes: dict) -> None:
-    """Append one line to ``resume_history.jsonl``: the step resumed from and what changed."""
-    entry = {"resumed_at_step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
-             "changed": {name: {"before": old, "after": new} for name, (old, new) in changes.items()}}
+# `--allow-change all`: resume although config.yaml is missing (nothing to compare with).
+UNCHECKED = "all"
+
+
+def structure(stored: PPOConfig, requested: PPOConfig) -> dict:
+    """What a checkpoint's files are made of, under each config: ``{what: (stored, requested)}``.
+    A change here cannot load (a critic the run never had, adapters of another shape)."""
+    def shape(config: PPOConfig) -> dict:
+        return {"critic (advantage_estimator / value model)": config.uses_value_model,
+                "lora_r": config.lora_r, "lora_target_modules": config.lora_target_modules if config.lora_r else None,
+                "lora_critic": config.lora_critic,
+                "separate_value_optimizer": config.separate_value_optimizer if config.uses_value_model else None}
+    old, new = shape(stored), shape(requested)
+    return {name: (old[name], new[name]) for name in old}
+
+
+def read_config_file(path: Path) -> dict:
+    """`read_yaml_mapping`, refusing a key that appears twice (YAML would silently keep the last)."""
+    data = read_yaml_mapping(path)
+    duplicates = duplicate_keys(Path(path).read_text(encoding="utf-8"))
+    if duplicates:
+        raise ValueError(f"{path}: " + "; ".join(f"line {line}: {key!r} is set twice (first on line {first})"
+                                                 for key, first, line in duplicates))
+    return data
+
+
+def duplicate_keys(text: str) -> list[tuple[str, int, int]]:
+    """``(key, first line, repeated line)`` for each key repeated within one YAML mapping."""
+    found = []
+
+    def walk(node):
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for key, value in node.value:
+                if isinstance(key, yaml.ScalarNode):
+                    line = key.start_mark.line + 1
+                    if key.value in seen:
+                        found.append((key.value, seen[key.value], line))
+                    seen.setdefault(key.value, line)
+                walk(value)
+        elif isinstance(node, yaml.SequenceNode):
+            for item in node.value:
+                walk(item)
+
+    walk(yaml.compose(text, Loader=yaml.SafeLoader))
+    return found
+
+
+def record_resume(output_dir: Path, step: int, changes: dict | str) -> None:
+    """Append one line to ``resume_history.jsonl``: the step resumed from and what changed
+    (a string when the changes could not be checked)."""
+    changed = changes if isinstance(changes, str) else {
+        name: {"before": old, "after": new} for name, (old, new) in changes.items()}
+    entry = {"resumed_at_step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "changed": changed}
     with open(Path(output_dir) / "resume_history.jsonl", "a", encoding="utf-8") as handle:
         handle.write(json.dumps(entry) + "\n")
 
@@ -84,7 +168,33 @@ def record_resume(output_dir: Path, step: int, changes: dict) -> None:
 def checkpoint_candidates(output_dir: Path) -> list[Path]:
     """Complete checkpoints (``state.json`` is written last), newest first."""
     root = Path(output_dir) / "checkpoints"
+    check_checkpoint_links(output_dir)
     return sorted((c for c in root.glob("step_*") if (c / "state.json").is_file()), reverse=True)
+
+
+def check_checkpoint_links(output_dir: Path) -> None:
+    """Refuse checkpoint folders that are symbolic links: the run writes real folders, and it
+    would have to follow (and on pruning, remove) what the link points to."""
+    links = sorted(p for p in (Path(output_dir) / "checkpoints").glob("step_*") if p.is_symlink())
+    if links:
+        raise RunDirectoryError(
+            f"{links[0]}: a symbolic link (to {os.readlink(links[0])}), not a checkpoint folder this run wrote; the "
+            "run never follows or removes links it did not make. Replace it with a copy of what it points to, or "
+            "move it out of the run directory")
+
+
+def check_run_files(output_dir: Path) -> None:
+    """Refuse a run directory where a run file's name is taken by a directory (the run could
+    neither append to it nor cut it back on resume)."""
+    output_dir = Path(output_dir)
+    for name in RUN_FILES + (MANIFEST,):
+        path = output_dir / name
+        if path.is_dir():
+            raise RunDirectoryError(f"{path}: a directory, where the run keeps its file {name}; move it away")
+    checkpoints = output_dir / "checkpoints"
+    if checkpoints.exists() and not checkpoints.is_dir():
+        raise RunDirectoryError(f"{checkpoints}: a file, where the run keeps its checkpoint folders; move it away")
+    check_checkpoint_links(output_dir)
 
 
 def remove_stale_tmp(output_dir: Path) -> list[Path]:
@@ -163,14 +273,21 @@ def prune_events(output_dir: Path, last_step: int) -> None:
         os.replace(tmp, path)
 
 
-def open_run(output_dir: Path, config: PPOConfig, resumed: bool, last_step: int, changes: dict) -> None:
+def open_run(output_dir: Path, config: PPOConfig, resumed: bool, last_step: int, changes: dict | str) -> None:
     """Make the directory ready for the steps after `last_step` (main process only).
 
     A resume cuts the logs and event files back to `last_step` (-1: no checkpoint, the run
-    starts again from step 0), removes interrupted saves and records the resume.
+    starts again from step 0), removes interrupted saves and records the resume. The
+    manifest lists the run's files first, before any is written.
     """
     output_dir = Path(output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        output_dir.mkdir(parents=True, exist_ok=True)
+        if resumed and not (output_dir / MANIFEST).exists():
+            adopt_earlier_run(output_dir)
+        record_written(output_dir, *RUN_FILES)
+    except OSError as error:
+        raise not_writable(output_dir, error) from None
     if resumed:
         remove_stale_tmp(output_dir)
         for name in ("metrics.jsonl", "samples.jsonl"):
@@ -182,17 +299,121 @@ def open_run(output_dir: Path, config: PPOConfig, resumed: bool, last_step: int,
     config.to_yaml(output_dir / "config.yaml")
 
 
-def clear_outputs(output_dir: Path) -> None:
-    """Remove what a run wrote (for ``--restart``); other files in the directory stay."""
+def not_writable(output_dir: Path, error: OSError) -> RunDirectoryError:
+    """The message for a run directory that cannot be written (read-only disk, no permission)."""
+    reason = {errno.EROFS: "a read-only file system", errno.EACCES: "no permission to write there",
+              errno.EPERM: "no permission to write there", errno.ENOSPC: "the disk is full"}.get(
+        error.errno, error.strerror or str(error))
+    return RunDirectoryError(f"{output_dir}: cannot write the run directory ({reason}: {error}); choose another "
+                             "output_dir")
+
+
+def run_started(output_dir: Path) -> bool:
+    """Whether `output_dir` holds a run of this project (its manifest, or the logs of a run
+    from before the manifest)."""
     output_dir = Path(output_dir)
-    for name in RUN_OUTPUTS:
-        path = output_dir / name
-        if path.is_dir():
-            shutil.rmtree(path)
-        elif path.exists():
+    return (output_dir / MANIFEST).is_file() or (output_dir / "metrics.jsonl").exists()
+
+
+def check_fresh_start(output_dir: Path) -> None:
+    """Refuse to start a new run in a directory that already holds something (main process)."""
+    output_dir = Path(output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise RunDirectoryError(f"{output_dir}: a file, not a directory; choose another output_dir")
+    if run_started(output_dir):
+        raise FileExistsError(f"{output_dir}: a run already exists here; pass resume=True (--resume) to continue it, "
+                              "restart=True (--restart) to start it over, or choose another output_dir")
+    if not output_dir.exists():
+        return
+    present = sorted(p.name + ("/" if p.is_dir() else "") for p in output_dir.iterdir() if p.name not in SWEEP_FILES)
+    if present:
+        shown = ", ".join(present[:8]) + (f" and {len(present) - 8} more" if len(present) > 8 else "")
+        raise RunDirectoryError(f"{output_dir}: not empty and not a run of this project (it holds {shown}); a new "
+                                "run would overwrite or mix with those files. Choose an empty or new output_dir")
+
+
+def record_written(output_dir: Path, *paths: str | Path) -> None:
+    """Add `paths` (relative to `output_dir`, or inside it) to the run's manifest."""
+    output_dir = Path(output_dir)
+    manifest = output_dir / MANIFEST
+    listed = set(written_files(output_dir)) if manifest.exists() else set()
+    new = [MANIFEST] if not listed else []
+    for path in paths:
+        path = Path(path)
+        relative = str(path.relative_to(output_dir) if path.is_absolute() else path)
+        if relative not in listed and relative not in new:
+            new.append(relative)
+    if new:
+        with open(manifest, "a", encoding="utf-8") as handle:
+            handle.write("".join(line + "\n" for line in new))
+
+
+def written_files(output_dir: Path) -> list[str]:
+    """The manifest's paths, relative to `output_dir`."""
+    manifest = Path(output_dir) / MANIFEST
+    return [line for line in manifest.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def adopt_earlier_run(output_dir: Path) -> None:
+    """List the files of a run written before the manifest existed (resuming it), so a later
+    ``--restart`` removes them and nothing else."""
+    files = [name for name in RUN_FILES if (output_dir / name).is_file()]
+    files += [p.name for p in output_dir.glob("events.out.tfevents.*") if p.is_file()]
+    for folder in (output_dir / "checkpoints").glob("step_*"):
+        if folder.is_dir() and not folder.is_symlink():
+            files += [str(f.relative_to(output_dir)) for f in folder.rglob("*") if f.is_file()]
+    record_written(output_dir, *files)
+
+
+def clear_outputs(output_dir: Path) -> list[Path]:
+    """Remove exactly what the run wrote (for ``--restart``), as its manifest lists it, and the
+    folders that leaves empty; other files stay. Returns what was removed.
+
+    A run from before the manifest loses its known files, event files and checkpoint
+    folders (``step_*``, ``.tmp_step_*``); other files in ``checkpoints/`` stay.
+    """
+    output_dir = Path(output_dir)
+    removed = []
+    if (output_dir / MANIFEST).is_file():
+        listed = written_files(output_dir)
+        paths = [output_dir / name for name in listed if name != MANIFEST] + [output_dir / MANIFEST]
+    else:
+        paths = [output_dir / name for name in RUN_FILES] + list(output_dir.glob("events.out.tfevents.*"))
+        for folder in (output_dir / "checkpoints").glob("step_*"):
+            if folder.is_dir() and not folder.is_symlink():
+                paths += [f for f in folder.rglob("*") if f.is_file()]
+    for path in paths:
+        if path.is_file() and not path.is_symlink():
             path.unlink()
-    for path in output_dir.glob("events.out.tfevents.*"):
-        path.unlink()
+            removed.append(path)
+    # Interrupted saves: folders only the run names .tmp_step_*.
+    for tmp in (output_dir / "checkpoints").glob(".tmp_step_*"):
+        if tmp.is_dir() and not tmp.is_symlink():
+            shutil.rmtree(tmp)
+            removed.append(tmp)
+    # Folders the removal emptied (deepest first); never the run directory itself.
+    folders = {parent for path in removed for parent in path.parents
+               if output_dir in parent.parents}
+    for folder in sorted(folders, key=lambda p: len(p.parts), reverse=True):
+        if folder.is_dir() and not folder.is_symlink() and not any(folder.iterdir()):
+            folder.rmdir()
+    return removed
+
+
+def lock_run(output_dir: Path) -> RunLock:
+    """Take the run directory's lock for this process, or fail naming the process that holds it."""
+    lock = RunLock(output_dir)
+    try:
+        taken = lock.acquire()
+    except OSError as error:
+        raise not_writable(Path(output_dir), error) from None
+    if not taken:
+        holder = lock.holder()
+        who = f"process {holder}" if holder else "another live process"
+        raise RunDirectoryError(f"{output_dir}: {who} is writing this run (lock {lock.path}); two writers would mix "
+                                "their steps in one metrics.jsonl. Wait for it to finish or stop it, or choose "
+                                "another output_dir")
+    return lock
 
 
 class RunLock:
@@ -207,9 +428,11 @@ class RunLock:
         self.fd: int | None = None
 
     def acquire(self) -> bool:
-        """True when taken; False when another live process holds it."""
+        """True when taken (or inherited from the sweep runner); False when another live process holds it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._inherited()
+        if fd is None:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -219,6 +442,27 @@ class RunLock:
         os.write(fd, f"{os.getpid()}\n".encode())
         self.fd = fd
         return True
+
+    def _inherited(self) -> int | None:
+        """A duplicate of the descriptor of this very lock file that the launching runner passed
+        down (flock is held per open file, so locking it again succeeds), else None."""
+        value = os.environ.get(LOCK_FD_VARIABLE)
+        if not value or not value.isdigit() or not self.path.exists():
+            return None
+        try:
+            held, wanted = os.fstat(int(value)), os.stat(self.path)
+        except OSError:
+            return None
+        if (held.st_dev, held.st_ino) != (wanted.st_dev, wanted.st_ino):
+            return None
+        return os.dup(int(value))
+
+    def holder(self) -> int | None:
+        """The process id written in the lock file by its holder (None if unreadable)."""
+        try:
+            return int(self.path.read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
 
     def release(self) -> None:
         """Close this process's handle; the lock ends when no child holds it either."""

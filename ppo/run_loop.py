@@ -21,6 +21,7 @@ from . import distributed, provenance, run_dir
 from .config import describe
 from .evaluation import evaluate as evaluate_policy
 from .evaluation import preserve_rng_state
+from .guards import NonFiniteError, RewardFunctionError
 
 
 def evaluate(trainer) -> dict:
@@ -31,8 +32,15 @@ def evaluate(trainer) -> dict:
         problems = problems[: cfg.eval_size]
     shard = problems[distributed.rank()::distributed.world_size()]
     seed = distributed.rank_seed(cfg.seed, distributed.rank())
-    metrics = evaluate_policy(trainer.policy_module, trainer.tokenizer, trainer.task, cfg.response_length,
-                              temperature=1.0, seed=seed, problems=shard, gather=distributed.gather_objects)
+    try:
+        # Training's guards: the same prompt truncation and the same non-finite reward rule.
+        metrics = evaluate_policy(trainer.policy_module, trainer.tokenizer, trainer.task, cfg.response_length,
+                                  temperature=1.0, seed=seed, problems=shard, gather=distributed.gather_objects,
+                                  max_prompt_length=trainer.max_prompt_length,
+                                  prompt_truncation=cfg.prompt_truncation, nonfinite_rewards=cfg.nonfinite_rewards,
+                                  source=trainer._score_source())
+    except (RewardFunctionError, NonFiniteError) as error:
+        raise type(error)(f"held-out evaluation after step {trainer.step}: {error}") from error.__cause__
     if hasattr(trainer.task, "extra_eval"):
         # Task-specific held-out metrics (e.g. gold reward and win rate against the SFT
         # policy for the simulated-preference task); it reseeds, so every generator is restored.
@@ -47,31 +55,58 @@ def evaluate(trainer) -> dict:
 
 def train(trainer, resume: bool = False, stop_after: int | None = None, restart: bool = False,
           allow_changes=()) -> dict:
-    """`RLTrainer.train`: run to `total_steps`, evaluating, logging and checkpointing."""
+    """`RLTrainer.train`: run to `total_steps`, evaluating, logging and checkpointing.
+
+    The main process holds the run directory's lock throughout (`run_dir.lock_run`): a second
+    process starting or resuming the same run fails at once instead of mixing its steps in.
+    """
+    lock, refusal = None, None
+    if distributed.is_main_process():
+        try:
+            lock = run_dir.lock_run(trainer.output_dir)
+        except run_dir.RunDirectoryError as error:
+            refusal = str(error)
+    refusal = distributed.broadcast_object(refusal)  # every rank stops together
+    if refusal is not None:
+        raise run_dir.RunDirectoryError(refusal)
+    try:
+        return _train(trainer, resume, stop_after, restart, allow_changes)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _train(trainer, resume, stop_after, restart, allow_changes) -> dict:
     from torch.utils.tensorboard import SummaryWriter
 
     cfg, output_dir = trainer.config, trainer.output_dir
     start_time = time.perf_counter()
     main = distributed.is_main_process()  # one writer: only the main process writes the run directory
-    if restart and main:
-        run_dir.clear_outputs(output_dir)
+    if main:
+        # Nothing the run did not write is overwritten or removed: a fresh start (or a
+        # restart of something that is not a run) refuses a directory holding other files.
+        if restart and run_dir.run_started(output_dir):
+            run_dir.clear_outputs(output_dir)
+        elif not resume:
+            run_dir.check_fresh_start(output_dir)
+        if resume:
+            run_dir.check_run_files(output_dir)
     distributed.barrier()
     changes, loaded = {}, False
     if resume:
         # Refuses a changed config (unless allowed); a run killed before its first
         # checkpoint starts again from step 0.
         changes = run_dir.resume_changes(output_dir, cfg, allow_changes)
+        if not (output_dir / "config.yaml").is_file() and run_dir.run_started(output_dir):
+            changes = "unchecked: config.yaml was missing (--allow-change all)"
         loaded = trainer.load_checkpoint()
         if not loaded:
             warnings.warn(f"{output_dir}: no checkpoint yet; the run starts again from step 0")
-    elif (output_dir / "metrics.jsonl").exists():
-        raise FileExistsError(f"{output_dir}: a run already exists here; pass resume=True (--resume) to "
-                              "continue it, restart=True (--restart) to start it over, or choose another "
-                              "output_dir")
     distributed.barrier()  # every rank has checked before the main process creates the run
     if main:
         run_dir.open_run(output_dir, cfg, resume, trainer.step if loaded else -1, changes)
         trainer.writer = SummaryWriter(str(output_dir))
+        run_dir.record_written(output_dir, *output_dir.glob("events.out.tfevents.*"))
         if trainer.step == 0:
             trainer.writer.add_text("config", describe(cfg), 0)
     initial_eval = None
@@ -87,7 +122,10 @@ def train(trainer, resume: bool = False, stop_after: int | None = None, restart:
     final_eval = None
     end = cfg.total_steps if stop_after is None else min(stop_after, cfg.total_steps)
     while trainer.step < end:
-        metrics = trainer.train_step()
+        try:
+            metrics = trainer.train_step()
+        except RewardFunctionError as error:
+            raise RewardFunctionError(f"step {trainer.step + 1} (training rollout): {error}") from error.__cause__
         last = trainer.step == cfg.total_steps
         if last or (cfg.eval_every and trainer.step % cfg.eval_every == 0):
             eval_metrics = evaluate(trainer)

@@ -79,11 +79,9 @@ class RLTrainer:
 
     def __init__(self, config: PPOConfig, task=None, prompts: list[str] | None = None,
                  reward_fn: Callable | None = None, policy=None, tokenizer=None):
-        from accelerate import Accelerator  # looked up per run: tests swap in an fp16-on-CPU one
-
         config.validate_for_run()
         self.config = config
-        self.accelerator = Accelerator(cpu=config.device == "cpu", mixed_precision=config.mixed_precision)
+        self.accelerator = distributed.make_accelerator(config)  # one precision per process
         self.device = self.accelerator.device
         # The warm start is found (or, the first time, trained) before the thread count and
         # the seeds are set: a run must not depend on whether its warm start was cached.

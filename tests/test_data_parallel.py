@@ -188,3 +188,10 @@ def test_shutdown_leaves_the_process_group():
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["True", "False"]
+
+
+def test_step_1_kl_is_exactly_zero_in_two_processes(runs):
+    """Each rank's policy passes run through its DDP wrapper (the HF forward), so the reference
+    takes the HF forward too: the same weights through two code paths would fake a KL."""
+    first = read_rows(runs / "two" / "straight" / "metrics.jsonl")[1]
+    assert first["step"] == 1 and first["kl_k1"] == 0.0 and first["kl"] == 0.0

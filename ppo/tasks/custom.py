@@ -11,7 +11,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..guards import reward_values
+from ..guards import check_prompts, reward_values
 from .base import Problem, Score
 
 RewardFunction = Callable[[list[str], list[str]], list[float]]
@@ -33,6 +33,7 @@ class CustomTask:
         for index, prompt in enumerate(list(self.prompts) + list(self.eval_prompts or [])):
             if not isinstance(prompt, str) or not prompt:
                 raise ValueError(f"CustomTask: prompt {index} is empty or not a string")
+        check_prompts(list(self.prompts) + list(self.eval_prompts or []), where="CustomTask prompts")
         if not callable(self.reward_fn):
             raise ValueError("CustomTask.reward_fn: must be callable(prompts, responses) -> list[float]")
         self._train = [Problem(prompt=p, answer="") for p in self.prompts]

@@ -220,7 +220,13 @@ def main(argv: list[str] | None = None) -> int:
         module = importlib.import_module(f".{argv[0]}", __package__)
         return module.main(argv[1:]) or 0
     args = build_parser().parse_args(argv)
-    return args.handler(args)
+    try:
+        return args.handler(args)
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: the runs are stopped; say so, no traceback
+        what = "SIGTERM" if type(stop).__name__ == "SweepInterrupted" else "interrupted"
+        print(f"\nablations: {what}: stopped; every running run was stopped and complete runs are kept. "
+              "Run the same command again to go on from here.", file=sys.stderr)
+        return 130 if what == "interrupted" else 143
 
 
 if __name__ == "__main__":

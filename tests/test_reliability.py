@@ -537,3 +537,25 @@ def test_cli_errors_inside_the_trainer_print_no_traceback(tmp_path, capsys, fini
     assert main(["--resume", "--output-dir", str(run), "--lr", "0.5"]) == 1
     err = capsys.readouterr().err
     assert "lr: 0.001 in the run, 0.5 requested" in err and "Traceback" not in err
+
+
+def test_sigterm_to_the_sweep_command_prints_one_line_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """`python -m ablations run` stopped by SIGTERM (or Ctrl-C) says what happened in one line."""
+    from ablations import runner
+    from ablations.__main__ import main
+    from ablations.run_process import SweepInterrupted
+
+    def stopped(*args, **kwargs):
+        raise SweepInterrupted()
+
+    monkeypatch.setattr(runner, "run_sweep", stopped)
+    assert main(["run", "quick", "--seeds", "1", "--out", str(tmp_path / "s")]) == 143
+    err = capsys.readouterr().err
+    assert "SIGTERM: stopped" in err and "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt()
+
+    monkeypatch.setattr(runner, "run_sweep", interrupted)
+    assert main(["run", "quick", "--seeds", "1", "--out", str(tmp_path / "s")]) == 130
+    assert "interrupted: stopped" in capsys.readouterr().err

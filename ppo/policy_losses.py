@@ -412,7 +412,7 @@ def geo_mean(*, logprobs, old_logprobs, advantages, mask, clip_low, clip_high, *
     The loss is placed on each of the sequence's tokens like `gspo`'s (verl `geo_mean` takes
     a plain mean over sequences: `seq_mean_token_mean`).
 
-    Metrics: `clipfrac` (tokens whose log-ratio was clamped), `clipfrac_seq`.
+    Metrics: `clipfrac` (tokens whose clamped log-ratio was the pessimistic one), `clipfrac_seq`.
     """
     log_ratio = logprobs - old_logprobs  # [B, T]
     sign = torch.sign(advantages)  # [B, T]
@@ -422,7 +422,7 @@ def geo_mean(*, logprobs, old_logprobs, advantages, mask, clip_low, clip_high, *
     seq_loss = -sequence_advantage(advantages, mask) * seq_ratio  # [B]
     per_token = seq_loss[:, None].expand_as(logprobs)  # [B, T]
     with torch.no_grad():
-        is_clipped = (clamped != log_ratio) & (advantages != 0)
+        is_clipped = pessimistic != log_ratio  # the clamped value won: no gradient (verl counts any clamp)
         metrics = {"clipfrac": _masked_mean(is_clipped.float(), mask).item(),
                    "clipfrac_seq": _row_fraction(is_clipped, mask)}
     return per_token, metrics

@@ -407,7 +407,7 @@ register(
 # ---------------------------------------------------------------------- the policy-loss family (ppo/policy_losses.py)
 # These losses differ from PPO's only off the policy that sampled (at ratio 1 their gradients
 # agree), so every arm takes 2 epochs x 2 minibatches: 4 optimizer steps per batch, three of
-# them off-policy. 40 steps: 6 arms x 3 seeds fit a shared 2-core CPU in about 15 minutes.
+# them off-policy. 40 steps: 6 arms x 3 seeds take 15-25 minutes on a shared 2-core CPU.
 OFF_POLICY = {"ppo_epochs": 2, "num_minibatches": 2}
 register(
     "policy_losses",

@@ -403,3 +403,46 @@ register(
                              "reward_whitening_mode": "masked", "loss_agg": "token_mean"})],
     metric="accuracy", extra_metrics=("kl_k1", "response_length"),
 )
+
+# ---------------------------------------------------------------------- the policy-loss family (ppo/policy_losses.py)
+# These losses differ from PPO's only off the policy that sampled (at ratio 1 their gradients
+# agree), so every arm takes 2 epochs x 2 minibatches: 4 optimizer steps per batch, three of
+# them off-policy. 40 steps: 6 arms x 3 seeds take 15-25 minutes on a shared 2-core CPU.
+OFF_POLICY = {"ppo_epochs": 2, "num_minibatches": 2}
+register(
+    "policy_losses",
+    "Off-policy (2 epochs x 2 minibatches), do GSPO, CISPO, GMPO, Clip-Cov or KL-Cov train GRPO differently "
+    "from PPO's clipped token loss, in accuracy, entropy and how much they clip?",
+    [Variant("vanilla", GRPO, OFF_POLICY),
+     # GSPO's clip ranges are the paper's: a sequence ratio moves far less than a token's.
+     Variant("gspo", GRPO, {**OFF_POLICY, "policy_loss": "gspo", "cliprange": 3e-4, "cliprange_high": 4e-4}),
+     Variant("cispo", GRPO, {**OFF_POLICY, "policy_loss": "cispo"}),
+     # GMPO's range is the paper's (e^-0.4, e^0.4), in log units.
+     Variant("geo_mean", GRPO, {**OFF_POLICY, "policy_loss": "geo_mean", "cliprange": 0.4}),
+     Variant("clip_cov", GRPO, {**OFF_POLICY, "policy_loss": "clip_cov"}),
+     Variant("kl_cov", GRPO, {**OFF_POLICY, "policy_loss": "kl_cov"})],
+    metric="accuracy", extra_metrics=("entropy", "clipfrac", "clipfrac_seq", "cov_frac", "approx_kl", "kl_k1"),
+    steps=40,
+)
+
+register(
+    "entropy_controls",
+    "Training only on the top 20% of tokens by entropy (Beyond the 80/20 Rule), or an entropy bonus adapted "
+    "toward a target entropy (Skywork-OR1): does either keep entropy up without costing accuracy?",
+    [Variant("off", GRPO, OFF_POLICY),
+     Variant("top_entropy_20", GRPO, {**OFF_POLICY, "top_entropy_quantile": 0.2}),
+     Variant("adaptive_entropy", GRPO, {**OFF_POLICY, "entropy_target": 0.2})],
+    metric="entropy", extra_metrics=("accuracy", "entropy_mask_frac", "entropy_coef"),
+    steps=40,
+)
+
+register(
+    "overlong",
+    "Responses that reach response_length: keep them, leave them out of the loss (DAPO's hard overlong "
+    "filter), or penalise the last 16 tokens' worth of length (DAPO's soft overlong punishment)?",
+    [Variant("none", GRPO),
+     Variant("hard_mask", GRPO, {"mask_truncated_responses": True}),
+     Variant("soft_penalty", GRPO, {"overlong_buffer_length": 16})],
+    metric="eos_rate", extra_metrics=("response_length", "accuracy", "score"),
+    steps=40,
+)

@@ -175,6 +175,16 @@ class PPOConfig:
     loss_agg: str = _f("token_mean", "How per-token losses are averaged: 'token_mean' (AlpacaFarm, TRL, DAPO), 'seq_mean_token_mean' (GRPO's per-sequence normalisation) or 'seq_mean_token_sum' (each sequence's token sum, averaged over sequences; TRL RLOO, verl) or 'seq_mean_token_sum_norm' (Dr. GRPO's constant normaliser).")
     target_kl: float | None = _f(None, "Stop a step's remaining minibatches and epochs once a minibatch's approximate KL to the rollout policy exceeds this; None = off (cleanrl target_kl).")
     mask_truncated_responses: bool = _f(False, "Leave responses that hit response_length without a stop token out of the loss (DAPO overlong filtering).")
+    policy_loss: str = _f("vanilla", "Policy loss (ppo/policy_losses.py): 'vanilla' (PPO clip), 'gspo' / 'gspo_token' (sequence ratio; Qwen GSPO), 'cispo' (clipped stop-gradient weight; MiniMax-M1), 'geo_mean' (GMPO), 'clip_cov' / 'kl_cov' (Cui et al.) (verl policy_loss.loss_mode).")
+    cov_fraction: float = _f(2e-4, "Share of tokens clip_cov detaches and kl_cov penalises, at least one (Cui et al.; verl clip_cov_ratio / kl_cov_ratio 2e-4).")
+    clip_cov_low: float = _f(1.0, "Lower bound of the covariance of the tokens clip_cov may detach (verl clip_cov_lb 1).")
+    clip_cov_high: float = _f(5.0, "Upper bound of the covariance of the tokens clip_cov may detach (verl clip_cov_ub 5).")
+    kl_cov_coef: float = _f(1.0, "Weight of kl_cov's |log-ratio| penalty on the highest-covariance tokens (verl ppo_kl_coef 1).")
+    top_entropy_quantile: float = _f(1.0, "Train the policy loss only on this top share of tokens by entropy; 1 = all (Beyond the 80/20 Rule: 0.2; TRL top_entropy_quantile).")
+    entropy_target: float | None = _f(None, "Adapt entropy_coef toward this mean token entropy, applying it only while entropy is at or below; None = fixed entropy_coef (Skywork-OR1: 0.2; TRL use_adaptive_entropy).")
+    entropy_coef_step: float = _f(0.005, "Change of the adaptive entropy coefficient per optimizer step (Skywork-OR1, TRL entropy_coef_delta: 0.005).")
+    overlong_buffer_length: int = _f(0, "DAPO soft overlong punishment: the last this-many tokens before response_length cost a score penalty rising linearly to overlong_penalty_factor; 0 = off (DAPO L_cache 4096 of 20480).")
+    overlong_penalty_factor: float = _f(1.0, "Penalty at response_length under overlong_buffer_length (DAPO, verl overlong_buffer.penalty_factor: 1).")
 
     # ------------------------------------------------------------------ optimisation
     lr: float = _f(1e-5, "Policy learning rate (AlpacaFarm 1e-5; TRL's example command 3e-6).")
@@ -298,6 +308,7 @@ class PPOConfig:
                 bad(name, "must be in [0, 1)")
         if self.dual_clip is not None and not self.dual_clip > 1.0:
             bad("dual_clip", "must be > 1 or None")
+        self._validate_policy_loss(bad)
         if not 0.0 < self.top_p <= 1.0:
             bad("top_p", "must be in (0, 1]")
         if self.top_k < 0:
@@ -373,6 +384,35 @@ class PPOConfig:
             bad("lora_target_modules", "must be 'all-linear' or comma-separated module names")
         if self.lora_critic and self.lora_r == 0:
             bad("lora_critic", "needs lora_r > 0 (the critic's adapters use the policy's rank and alpha)")
+
+    def _validate_policy_loss(self, bad) -> None:
+        """The policy-loss fields, and the combinations a loss has no use for."""
+        from .policy_losses import POLICY_LOSSES, SEQUENCE_LEVEL_LOSSES
+
+        if self.policy_loss not in POLICY_LOSSES:
+            bad("policy_loss", f"must be one of {sorted(POLICY_LOSSES)}")
+        if self.dual_clip is not None and self.policy_loss != "vanilla":
+            bad("dual_clip", f"caps the per-token clipped surrogate of policy_loss='vanilla'; "
+                f"policy_loss={self.policy_loss!r} has no such term: set dual_clip=None")
+        if self.cliprange_high is not None and self.policy_loss == "kl_cov":
+            bad("cliprange_high", "policy_loss='kl_cov' does not clip the ratio (its KL penalty replaces the clip): "
+                "set cliprange_high=None")
+        if self.top_entropy_quantile < 1.0 and self.policy_loss in SEQUENCE_LEVEL_LOSSES:
+            bad("top_entropy_quantile", f"masks single tokens, but policy_loss={self.policy_loss!r} has one ratio "
+                "and one loss per sequence, whose gradient reaches every token: use 1.0, or 'gspo_token'")
+        if not 0.0 <= self.top_entropy_quantile <= 1.0:
+            bad("top_entropy_quantile", "must be in [0, 1] (1 = every token)")
+        if not 0.0 < self.cov_fraction <= 1.0:
+            bad("cov_fraction", "must be in (0, 1]")
+        if not self.clip_cov_low < self.clip_cov_high:
+            bad("clip_cov_low", f"must be below clip_cov_high ({self.clip_cov_high})")
+        for name in ("kl_cov_coef", "entropy_coef_step", "overlong_penalty_factor"):
+            if getattr(self, name) < 0:
+                bad(name, "must be >= 0")
+        if self.entropy_target is not None and not self.entropy_target > 0:
+            bad("entropy_target", "must be > 0 or None")
+        if not 0 <= self.overlong_buffer_length < self.response_length:
+            bad("overlong_buffer_length", f"must be in [0, response_length) = [0, {self.response_length})")
 
     def validate_for_run(self) -> None:
         """Checks that only matter when a run starts (a preset may name a reward model that

@@ -10,9 +10,9 @@ Implementation details that live here:
   `seq-mean-token-sum`) and `seq_mean_token_sum_norm` (Dr. GRPO's fix: a constant
   normaliser; AlpacaFarm's `.mean()` over a batch padded to `response_len`). `loss_units` says what each mode divides by, which is what makes gradient
   accumulation exact (`ppo.buffer.accumulation_weights`).
-- **Clipped surrogate** (`policy_loss`): PPO's pessimistic min of the unclipped and
-  clipped objectives; a separate `clip_high` gives DAPO's clip-higher; `dual_clip` bounds
-  the loss of negative-advantage tokens whose ratio has exploded (Ye et al. 2020).
+- **The policy loss** (`policy_loss`, re-exported from `ppo/policy_losses.py`): a registry
+  of surrogates chosen by `PPOConfig.policy_loss`: PPO's clipped loss with clip-higher and
+  dual clip, GSPO, CISPO, GMPO, Clip-Cov and KL-Cov.
 - **Value clipping** (`value_loss`): the critic's regression loss, optionally clipped
   around the old values (AlpacaFarm, TRL; "The N+ Implementation Details of RLHF with PPO").
 - **Entropy bonus** (`entropy_loss`) and **KL in the loss** (`kl_loss`, GRPO's k3 estimator
@@ -51,6 +51,11 @@ def aggregate(
       the batch weighs the same (PPO as in TRL/AlpacaFarm; DAPO's token-level policy
       gradient loss). It is not Dr. GRPO's fix: its denominator still depends on the
       lengths in the batch; Dr. GRPO divides by a constant (`seq_mean_token_sum_norm`).
+      The denominator counts the whole minibatch over all processes (TRL `loss_type="dapo"`,
+      global `num_items_in_batch`). TRL's `bnpo` is its non-global variant: a token mean per
+      micro-batch and process, averaged over accumulation steps, so equal to this with one
+      micro-batch on one process and otherwise dependent on how the batch is split; not
+      offered, as every mode here is exact under accumulation.
     - `"seq_mean_token_mean"`: mean over sequences of each sequence's masked mean. Each
       *sequence* weighs the same, whatever its length (GRPO as written in DeepSeekMath).
     - `"seq_mean_token_sum"`: mean over sequences of each sequence's masked *sum*: the
@@ -154,94 +159,6 @@ def token_loss_weights(mask: torch.Tensor, mode: str = "token_mean", max_len: in
     else:
         per_token = torch.full_like(lengths, 1.0) / (units * (mask.shape[-1] if max_len is None else max_len))
     return torch.where(lengths > 0, per_token * total_tokens, torch.zeros_like(per_token))
-
-
-def policy_loss(
-    logprobs: torch.Tensor,
-    old_logprobs: torch.Tensor,
-    advantages: torch.Tensor,
-    response_mask: torch.Tensor,
-    clip_low: float = 0.2,
-    clip_high: float | None = None,
-    dual_clip: float | None = None,
-    loss_agg: str = "token_mean",
-    max_len: int | None = None,
-    skip_empty_rows: bool = False,
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO's clipped surrogate loss (Schulman et al. 2017), per token, then aggregated.
-
-    With `ratio = exp(logprobs - old_logprobs)`::
-
-        loss_t = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)
-
-    The min is pessimistic: once a token's probability has moved far enough in the
-    direction its advantage asks for (ratio > 1 + clip_high for A > 0, ratio < 1 - clip_low
-    for A < 0), the clipped branch is constant and its gradient is zero, so one rollout
-    batch cannot drag the policy far away. Moves in the wrong direction are never clipped.
-
-    - `clip_high=None` means symmetric clipping (`clip_high = clip_low`). A larger
-      `clip_high` is DAPO's clip-higher: rare tokens with positive advantage can grow their
-      probability further before being clipped, which keeps entropy from collapsing.
-    - `dual_clip=c` (c > 1; Ye et al. 2020, "Mastering Complex Control in MOBA Games with
-      Deep RL"): for A < 0 the loss `-ratio * A = ratio * |A|` grows without bound as the
-      ratio explodes (a token the old policy found unlikely). Dual-clip caps it at
-      `c * |A|` so such tokens stop contributing gradient.
-
-    With one gradient update per rollout batch, logprobs equal old_logprobs, the ratio is
-    exactly 1 and clipping never fires: fully online GRPO is plain policy gradient with
-    group-normalised advantages.
-
-    Args:
-        logprobs: `[B, T]` log-probs of the sampled tokens under the current policy (with grad).
-        old_logprobs: `[B, T]` log-probs under the policy that sampled them (no grad).
-        advantages: `[B, T]`.
-        response_mask: `[B, T]`, 1 on real response tokens.
-
-    Returns:
-        `(loss, metrics)`; metrics are masked means over real tokens: `pg_loss`,
-        `clipfrac` (clipped branch chosen), `clipfrac_low` (ratio < 1 - clip_low, A < 0),
-        `clipfrac_high` (ratio > 1 + clip_high, A > 0), `dualclip_frac`, `approx_kl`
-        (mean of 0.5 * (logprobs - old_logprobs)^2, as TRL and AlpacaFarm log it),
-        `ratio_mean`, `ratio_max`.
-
-    Worked example (clip 0.2, token_mean): ratios [1.1, 1.5, 0.5] with A = +1 give losses
-    [-1.1, -1.2 (clipped), -0.5]; with A = -1 they give [1.1, 1.5, 0.8 (clipped)].
-    """
-    if clip_high is None:
-        clip_high = clip_low
-    if clip_low < 0 or clip_high < 0:
-        raise ValueError(f"clip ranges must be >= 0, got clip_low={clip_low}, clip_high={clip_high}")
-    if dual_clip is not None and dual_clip <= 1.0:
-        raise ValueError(f"dual_clip must be > 1 (a cap of c*|A| above the clipped loss), got dual_clip={dual_clip}")
-
-    log_ratio = logprobs - old_logprobs  # [B, T]
-    ratio = torch.exp(log_ratio)  # [B, T]
-    unclipped = -advantages * ratio  # [B, T]
-    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)  # [B, T]
-    per_token = torch.maximum(unclipped, clipped)  # [B, T]  (= -min of the objectives)
-
-    is_dual_clipped = torch.zeros_like(per_token, dtype=torch.bool)  # [B, T]
-    if dual_clip is not None:
-        cap = -dual_clip * advantages  # [B, T]  c*|A| where A < 0
-        is_dual_clipped = (advantages < 0) & (per_token > cap)
-        per_token = torch.where(is_dual_clipped, cap, per_token)
-
-    loss = aggregate(per_token, response_mask, loss_agg, max_len, skip_empty_rows)
-
-    with torch.no_grad():
-        mask = response_mask.bool()
-        is_clipped = clipped > unclipped  # [B, T] the flat (zero-gradient) branch won
-        metrics = {
-            "pg_loss": loss.item(),
-            "clipfrac": _masked_mean(is_clipped.float(), mask).item(),
-            "clipfrac_low": _masked_mean(((ratio < 1.0 - clip_low) & (advantages < 0)).float(), mask).item(),
-            "clipfrac_high": _masked_mean(((ratio > 1.0 + clip_high) & (advantages > 0)).float(), mask).item(),
-            "dualclip_frac": _masked_mean(is_dual_clipped.float(), mask).item(),
-            "approx_kl": _masked_mean(0.5 * log_ratio.pow(2), mask).item(),
-            "ratio_mean": _masked_mean(ratio, mask).item(),
-            "ratio_max": torch.where(mask, ratio, torch.full_like(ratio, float("-inf"))).max().item(),
-        }
-    return loss, metrics
 
 
 def value_loss(
@@ -364,3 +281,12 @@ def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.
         if var_returns == 0:
             return float("nan")
         return (1.0 - var_residual / var_returns).item()
+
+
+def __getattr__(name: str):
+    # `policy_loss` lives in ppo/policy_losses.py, which imports `aggregate` from here: a
+    # lazy re-export keeps `from ppo.losses import policy_loss` working without a cycle.
+    if name in ("policy_loss", "POLICY_LOSSES"):
+        from . import policy_losses
+        return getattr(policy_losses, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -19,6 +19,9 @@ token. Everything between those two lives here, in the order the training loop a
   a group of answers to one prompt, reward short correct answers and penalise long ones,
   asymmetrically for wrong answers; `length_reward_weight` switches it on only after a
   warm-up (`length_reward_warmup_steps`), as Kimi k1.5 does.
+- **DAPO's soft overlong punishment** (`overlong_penalty`): a score penalty that rises
+  linearly over the last `buffer_length` tokens before the length limit, the soft form of
+  leaving truncated responses out of the loss (`mask_truncated_responses`).
 - **Format reward** (`format_reward`): a bonus for a well-formed response (answer marker
   and stop token), DeepSeek R1's second rule-based reward next to accuracy.
 
@@ -300,3 +303,25 @@ def format_reward(well_formed: torch.Tensor, coef: float) -> torch.Tensor:
     [0.5, 0.0]
     """
     return coef * well_formed.to(torch.float32)  # [B]
+
+
+def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer_length: int, factor: float = 1.0) -> torch.Tensor:
+    """DAPO's soft overlong punishment (Yu et al. 2025, arXiv 2503.14476, eq. 13), ``[B]``.
+
+    With `L_max = max_length` and `L_cache = buffer_length`, a response of `len` tokens gets::
+
+        0                                          if len <= L_max - L_cache
+        factor * ((L_max - L_cache) - len) / L_cache   otherwise (down to -factor at L_max)
+
+    added to its score, so responses drift shorter before they hit the limit instead of
+    being cut off with a score that says nothing about length (verl reward_manager/dapo.py
+    `overlong_buffer`, penalty_factor). `buffer_length=0` is off. DAPO: L_max 20480, L_cache
+    4096; responses here never exceed `max_length`, so DAPO's -1 beyond it never applies.
+
+    >>> overlong_penalty(torch.tensor([4, 6, 8]), max_length=8, buffer_length=4)
+    tensor([ 0.0000, -0.5000, -1.0000])
+    """
+    if buffer_length <= 0:
+        return torch.zeros_like(lengths, dtype=torch.float)
+    excess = lengths.float() - (max_length - buffer_length)  # [B]
+    return torch.clamp(-excess / buffer_length * factor, max=0.0)

@@ -41,13 +41,14 @@ from .evaluation import score_batch
 from .filtering import PromptPool, group_pass_rates, keep_groups
 from .forward_passes import ForwardPasses, rollout_args
 from .kl import kl_penalty, make_kl_controller
-from .losses import entropy_loss, kl_loss, policy_loss, value_loss
+from .losses import entropy_loss, kl_loss, value_loss
 from .metrics import PhaseTimer, UpdateTally, masked_mean, phase, step_metrics, timed_step
 from .models import setup_models, warm_start_path
 from .optimization import optimizer_step
+from .policy_losses import EntropyControl, policy_loss, policy_loss_options, top_entropy_mask
 from .policy import set_training
 from .rewards import (apply_missing_eos, clip_scores, format_reward, group_kimi_length_reward, length_reward_weight,
-                      shape_rewards, whiten_rewards, whitening_gae_mask)
+                      overlong_penalty, shape_rewards, whiten_rewards, whitening_gae_mask)
 from .rollout import Rollout, decode_responses, generate, pad_to_width
 from .tasks import build_task
 
@@ -107,6 +108,7 @@ class RLTrainer:
                                     self.micro_batch_size, self.timer)
         self.kl_controller = make_kl_controller(config.kl_coef, config.adaptive_kl, config.kl_target, config.kl_horizon,
                                                 rule=config.kl_controller, k_beta=config.kl_k_beta)
+        self.entropy_control = EntropyControl(config.entropy_coef, config.entropy_target, config.entropy_coef_step)
         self.step = 0
         self.samples_generated = 0  # responses generated over all ranks (dynamic sampling makes extra)
         self.writer = None
@@ -199,6 +201,9 @@ class RLTrainer:
             scores = scores + length_coef * group_kimi_length_reward(
                 rollout.response_lengths.float(), batch.correct, cfg.group_size)
         scores = scores + format_reward(batch.well_formed, cfg.format_reward_coef)
+        if cfg.overlong_buffer_length > 0:  # DAPO's soft overlong punishment
+            scores = scores + overlong_penalty(rollout.response_lengths, cfg.response_length,
+                                               cfg.overlong_buffer_length, cfg.overlong_penalty_factor)
         scores = clip_scores(scores, cfg.reward_clip)  # [B]
         token_rewards = shape_rewards(scores, kl, response_mask, beta, kl_in_reward=kl_in_reward)  # [B, T]
         whitening = cfg.reward_whitening_mode if cfg.whiten_rewards else "masked"
@@ -243,13 +248,16 @@ class RLTrainer:
             policy_weights, value_weights = accumulation_weights(
                 [m["loss_mask"] for m in micro_batches], cfg.loss_agg, self.skip_empty_rows, distributed.global_sum)
             minibatch_approx_kl = minibatch_loss = 0.0  # the loss is checked for NaN before stepping
+            entropy_coef = self.entropy_control.applied  # one coefficient for the whole minibatch
             for micro, weight, value_weight in zip(micro_batches, policy_weights, value_weights):
                 outputs = self.passes.update(micro)  # logprobs, entropy (, values): [b, T], with autograd
                 logprobs, entropy, mask = outputs["logprobs"], outputs["entropy"], micro["loss_mask"]
                 agg = dict(loss_agg=cfg.loss_agg, max_len=cfg.response_length, skip_empty_rows=self.skip_empty_rows)
+                train_on = (top_entropy_mask(entropy, mask, cfg.top_entropy_quantile)
+                            if cfg.top_entropy_quantile < 1.0 else None)  # [b, T] or all tokens
                 loss, metrics = policy_loss(logprobs, micro["old_logprobs"], micro["advantages"], mask,
-                                            clip_low=cfg.cliprange, clip_high=cfg.cliprange_high,
-                                            dual_clip=cfg.dual_clip, **agg)
+                                            **policy_loss_options(cfg), train_on=train_on,
+                                            generator=self.shuffle_generator, **agg)
                 metrics["pg_loss"] = float(loss.detach())
                 if cfg.kl_placement == "loss" and "ref_logprobs" in micro:
                     kl_term, kl_metrics = kl_loss(logprobs, micro["ref_logprobs"], mask, cfg.kl_estimator, **agg)
@@ -257,8 +265,9 @@ class RLTrainer:
                     metrics.update(kl_metrics)
                 entropy_value, _ = entropy_loss(entropy, mask, **agg)
                 metrics["entropy"] = masked_mean(entropy.detach(), mask)  # per token whatever loss_agg is
-                if cfg.entropy_coef > 0:
-                    loss = loss - cfg.entropy_coef * entropy_value
+                self.entropy_control.observe(entropy, mask)
+                if entropy_coef > 0:
+                    loss = loss - entropy_coef * entropy_value
                 loss = loss * weight
                 value_metrics = {}
                 if self.value_model is not None:
@@ -272,7 +281,8 @@ class RLTrainer:
                 minibatch_loss += float(loss.detach())
                 minibatch_approx_kl += weight * float(metrics.get("approx_kl", 0.0))
                 tally.add(metrics, weight, value_metrics, value_weight)
-            tally.add_optimizer_step(self._optimizer_step(minibatch_loss))
+            tally.add_optimizer_step({**self._optimizer_step(minibatch_loss), "entropy_coef": entropy_coef})
+            self.entropy_control.update(distributed.global_sum)
             if cfg.target_kl is not None:  # cleanrl-style early stop of the remaining epochs
                 minibatch_approx_kl = float(distributed.global_sum(torch.tensor(minibatch_approx_kl)))
                 stop_early = distributed.any_rank(minibatch_approx_kl > cfg.target_kl)  # same on every rank

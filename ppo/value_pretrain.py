@@ -41,6 +41,7 @@ from gae import compute_gae
 from .config import PPOConfig
 from .logprobs import response_values
 from .losses import explained_variance
+from .rollout import pad_to_width
 from .sft import DEFAULT_CACHE_DIR, save_atomically
 
 # Bump when the recipe changes, so an old cached critic is not reused.
@@ -115,7 +116,8 @@ def _rollout_targets(trainer) -> dict:
     """One rollout batch of the initial policy and its Monte-Carlo returns ``[B, T]``."""
     cfg = trainer.config
     batch = trainer._sample_and_score(cfg.rollout_batch_size // cfg.group_size)
-    rollout = batch.rollout
+    # One width for every batch (their statistics are pooled), the run's own under AlpacaFarm's fixed width.
+    batch.rollout = rollout = pad_to_width(batch.rollout, cfg.response_length, trainer.tokenizer.pad_token_id)
     mask = rollout.response_mask.float()  # [B, T]
     zero_kl = torch.zeros_like(mask)  # the initial policy is its own reference
     token_rewards, gae_mask, _ = trainer._token_rewards(batch, zero_kl, mask, 0.0, False)  # [B, T]

@@ -441,11 +441,13 @@ _KL_K1_IN_REWARD = {"kl_placement": "reward", "kl_estimator": "k1"}  # REINFORCE
 register(
     "reinforce_plus_plus",
     "REINFORCE++ (return-to-go of the per-token reward, batch whitening) and its group-mean baseline variant "
-    "against GRPO and PPO on equal samples and optimizer steps.",
+    "against GRPO and PPO on equal samples and optimizer steps; ReMax (greedy-response baseline) beside them.",
     [Variant("grpo", GRPO, _ONE_STEP),
      Variant("reinforce_pp", GRPO, {"advantage_estimator": "reinforce_plus_plus", **_KL_K1_IN_REWARD, **_ONE_STEP}),
      Variant("reinforce_pp_baseline", GRPO,
              {"advantage_estimator": "reinforce_plus_plus_baseline", **_KL_K1_IN_REWARD, **_ONE_STEP}),
-     Variant("ppo", PPO, _ONE_STEP)],
+     Variant("ppo", PPO, _ONE_STEP),
+     # ReMax also decodes one greedy response per prompt each step (its baseline), not trained on.
+     Variant("remax", GRPO, {"advantage_estimator": "remax", **_KL_K1_IN_REWARD, **_ONE_STEP})],
     metric="accuracy", extra_metrics=("kl_k1", "response_length"),
 )

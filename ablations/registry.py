@@ -446,3 +446,51 @@ register(
     metric="eos_rate", extra_metrics=("response_length", "accuracy", "score"),
     steps=40,
 )
+
+# ---------------------------------------------------------------------- the critic's details (VC-PPO, VAPO)
+register(
+    "critic_warmup",
+    "Does training only the critic for the first steps (verl critic_warmup, OpenRLHF freezing_steps) help PPO "
+    "from a critic with a zeroed head? The policy's steps then start from values that already track the returns.",
+    [Variant("off", PPO), Variant("warmup_10", PPO, {"critic_warmup_steps": 10})],
+    metric="accuracy", extra_metrics=("explained_variance", "value_error_mc", "advantage_bias_first_tokens"),
+)
+
+# The pretrained critic must exist before the sweep runs: `python -m ppo.value_pretrain`.
+# Its cache path is a pure function of the settings, so registering builds nothing.
+from ppo.value_pretrain import pretrained_critic_path  # noqa: E402
+
+register(
+    "value_pretraining",
+    "VC-PPO's value pretraining: does starting the critic fitted to Monte-Carlo returns of the initial "
+    "policy's rollouts beat a zeroed head?",
+    [Variant("off", PPO),
+     Variant("pretrained", PPO, {"value_init": "pretrained",
+                                 "value_init_path": str(pretrained_critic_path(preset(PPO, testbed=True)))})],
+    metric="accuracy", extra_metrics=("explained_variance", "value_error_mc", "advantage_bias_first_tokens"),
+)
+register(
+    "lambda_decoupled",
+    "One lambda for the critic's targets and another for the policy's advantages (VC-PPO) or one per response "
+    "length (VAPO), against coupled lambda 1 (AlpacaFarm) and 0.95 (TRL).",
+    [Variant("coupled_1", PPO, {"lam": 1.0}), Variant("coupled_095", PPO, {"lam": 0.95}),
+     Variant("decoupled_1_095", PPO, {"lam": 0.95, "lam_critic": 1.0}),
+     Variant("length_adaptive", PPO, {"lam_length_alpha": 0.05, "lam_critic": 1.0})],
+    metric="accuracy", extra_metrics=("explained_variance", "value_error_mc", "advantage_bias_first_tokens"),
+)
+# Equal samples (64 responses a step) and optimizer steps (one epoch, one minibatch) in every arm.
+_ONE_STEP = {"ppo_epochs": 1, "num_minibatches": 1}
+_KL_K1_IN_REWARD = {"kl_placement": "reward", "kl_estimator": "k1"}  # REINFORCE++'s per-token k1 reward
+register(
+    "reinforce_plus_plus",
+    "REINFORCE++ (return-to-go of the per-token reward, batch whitening) and its group-mean baseline variant "
+    "against GRPO and PPO on equal samples and optimizer steps; ReMax (greedy-response baseline) beside them.",
+    [Variant("grpo", GRPO, _ONE_STEP),
+     Variant("reinforce_pp", GRPO, {"advantage_estimator": "reinforce_plus_plus", **_KL_K1_IN_REWARD, **_ONE_STEP}),
+     Variant("reinforce_pp_baseline", GRPO,
+             {"advantage_estimator": "reinforce_plus_plus_baseline", **_KL_K1_IN_REWARD, **_ONE_STEP}),
+     Variant("ppo", PPO, _ONE_STEP),
+     # ReMax also decodes one greedy response per prompt each step (its baseline), not trained on.
+     Variant("remax", GRPO, {"advantage_estimator": "remax", **_KL_K1_IN_REWARD, **_ONE_STEP})],
+    metric="accuracy", extra_metrics=("kl_k1", "response_length"),
+)

@@ -12,6 +12,8 @@ Implementation details that live here:
 - **Returns before whitening**: `returns = advantages + values` is computed from the raw
   advantages; the critic regresses on these. Whitening the advantages for the policy loss
   happens afterwards (`gae.whiten`) and must not leak into the critic's targets.
+- **Per-response lambda** (`length_adaptive_lambda`, VAPO): `compute_gae` also takes one
+  lambda per row, so a long response can look further ahead than a short one.
 - **gamma = lam = 1 is a bandit** (AlpacaFarm's setting): the advantage of a token is the
   sum of rewards from it to the end minus its value, with no discounting and no bias from
   bootstrapping on an imperfect critic.
@@ -27,7 +29,7 @@ def compute_gae(
     values: torch.Tensor,
     mask: torch.Tensor,
     gamma: float,
-    lam: float,
+    lam: float | torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalized Advantage Estimation (Schulman et al. 2016, "High-Dimensional Continuous
     Control Using Generalized Advantage Estimation"), token by token over the response.
@@ -45,6 +47,7 @@ def compute_gae(
             any mask is handled by treating masked positions as absent (skipped).
         gamma: discount factor.
         lam: GAE lambda; 0 gives one-step TD errors, 1 gives Monte-Carlo returns minus V.
+            A `[B]` tensor gives each response its own lambda (`length_adaptive_lambda`).
 
     Returns:
         `(advantages, returns)`, both `[B, T]` and 0 outside `mask`.
@@ -73,6 +76,8 @@ def compute_gae(
     rewards = torch.where(is_real, rewards, torch.zeros_like(rewards))  # [B, T]
     values = torch.where(is_real, values, torch.zeros_like(values))  # [B, T]
 
+    if isinstance(lam, torch.Tensor):
+        lam = lam.to(rewards.dtype)  # [B]: one lambda per response
     batch_size, num_steps = rewards.shape
     advantages = torch.zeros_like(rewards)  # [B, T]
     # V and A of the next *real* token; 0 after the last one because the episode ends there.
@@ -89,3 +94,21 @@ def compute_gae(
 
     returns = advantages + values  # [B, T]; 0 outside the mask since both terms are
     return advantages, returns
+
+
+def length_adaptive_lambda(lengths: torch.Tensor, alpha: float) -> torch.Tensor:
+    """VAPO's per-sequence policy lambda (Yue et al. 2025, arXiv 2504.05118, eq. 8):
+    ``lam = 1 - 1 / (alpha * length)``, clamped to [0, 1].
+
+    The effective horizon of GAE is about ``1 / (1 - lam)`` tokens; tying it to the
+    response's length keeps the final reward from decaying away before it reaches the
+    first tokens of a long response, while a short one keeps the variance of a low lambda.
+
+    Worked example, alpha = 0.05: ``1 - 1/(0.05*10) = -1``, clamped to 0 (one-step TD);
+    ``1 - 1/(0.05*40) = 0.5``.
+
+    >>> length_adaptive_lambda(torch.tensor([10.0, 40.0]), alpha=0.05).tolist()
+    [0.0, 0.5]
+    """
+    lam = 1.0 - 1.0 / (alpha * lengths.clamp(min=1).to(torch.float64))  # [B]
+    return lam.clamp(0.0, 1.0)

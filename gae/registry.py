@@ -15,6 +15,13 @@ Implementation details that live here:
   (expert iteration), so it runs in the same loop as GRPO at equal samples.
 - **Returns without a critic**: the value-free estimators return ``returns = advantages``;
   nothing regresses on them, but every estimator keeps the same `(advantages, returns)` shape.
+- **Decoupled and length-adaptive lambda** (`gae`: `lam_critic`, `lam_length_alpha`): the
+  critic's targets come from one GAE run, the policy's advantages from another with its own
+  lambda (VC-PPO, arXiv 2503.01491; VAPO, arXiv 2504.05118).
+- **Per-token returns-to-go without a critic** (`reinforce_plus_plus`,
+  `reinforce_plus_plus_baseline`, `remax`): the discounted sum of the per-token rewards
+  (the KL penalty included) from each token on, so a token is credited only with what
+  follows it; REINFORCE++ then whitens over the whole batch (arXiv 2501.03262).
 - **Every estimator takes every keyword** (plus ``**kwargs``) and ignores what it does not
   need, so one call site serves all of them.
 """
@@ -25,9 +32,11 @@ from typing import Callable
 
 import torch
 
-from .gae import compute_gae
+from einops import rearrange
+
+from .gae import compute_gae, length_adaptive_lambda
 from .group import group_advantages, rloo_advantages
-from .whiten import population_moments
+from .whiten import population_moments, whiten
 
 AdvantageEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
@@ -70,6 +79,10 @@ def estimate_advantages(
     reinforce_baseline: bool = False,
     reduce_sum: Callable[[torch.Tensor], torch.Tensor] | None = None,
     rft_min_score: float = 1.0,
+    lam_critic: float | None = None,
+    lam_length_alpha: float | None = None,
+    response_lengths: torch.Tensor | None = None,
+    reward_baselines: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the advantage estimator registered as `name`.
 
@@ -89,6 +102,12 @@ def estimate_advantages(
             the estimators that use batch statistics (``grpo_scale="batch"``, the REINFORCE
             baseline); None = a single process.
         rft_min_score: ``"rft"`` keeps the responses whose score is at least this.
+        lam_critic: ``"gae"``: lambda of the critic's targets; None = `lam` (coupled).
+        lam_length_alpha: ``"gae"``: per-response policy lambda ``1 - 1/(alpha * length)``
+            instead of `lam` (VAPO); None = off.
+        response_lengths: `[B]` real tokens per response, for `lam_length_alpha`; None =
+            the row sums of `response_mask` (which counts padding when GAE runs over it).
+        reward_baselines: `[B]` the greedy response's score per sample (``"remax"``).
 
     Returns:
         `(advantages, returns)`, both `[B, T]`, 0 outside `response_mask`.
@@ -115,6 +134,10 @@ def estimate_advantages(
         reinforce_baseline=reinforce_baseline,
         reduce_sum=reduce_sum,
         rft_min_score=rft_min_score,
+        lam_critic=lam_critic,
+        lam_length_alpha=lam_length_alpha,
+        response_lengths=response_lengths,
+        reward_baselines=reward_baselines,
     )
 
 
@@ -144,12 +167,33 @@ def _broadcast_to_tokens(
 # ---------------------------------------------------------------------------------------
 
 
+def _returns_to_go(token_rewards: torch.Tensor, response_mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """``G_t = r_t + gamma * G_{t+1}`` over real tokens, 0 on padding: GAE with V = 0 and
+    lambda = 1 is exactly this sum, holes in the mask skipped the same way."""
+    return compute_gae(token_rewards, torch.zeros_like(token_rewards), response_mask, gamma, 1.0)[1]  # [B, T]
+
+
 @register_advantage_estimator("gae")
-def gae_estimator(*, token_rewards, response_mask, values=None, gamma=1.0, lam=1.0, **kwargs):
-    """PPO with a critic: `gae.compute_gae` over the per-token rewards."""
+def gae_estimator(*, token_rewards, response_mask, values=None, gamma=1.0, lam=1.0, lam_critic=None,
+                  lam_length_alpha=None, response_lengths=None, **kwargs):
+    """PPO with a critic: `gae.compute_gae` over the per-token rewards.
+
+    Coupled (the default) one GAE run gives both. Decoupled, the critic regresses on the
+    returns of a run with `lam_critic` (VC-PPO: 1.0, unbiased Monte-Carlo targets) while the
+    policy's advantages come from a run with `lam` (0.95, lower variance), or with VAPO's
+    per-response ``1 - 1/(lam_length_alpha * length)``.
+    """
     if values is None:
         raise ValueError("advantage estimator 'gae' needs values from the value model; got values=None")
-    return compute_gae(token_rewards, values, response_mask, gamma, lam)
+    if lam_critic is None and lam_length_alpha is None:
+        return compute_gae(token_rewards, values, response_mask, gamma, lam)
+    lam_policy = lam
+    if lam_length_alpha is not None:
+        lengths = response_mask.sum(-1) if response_lengths is None else response_lengths  # [B]
+        lam_policy = length_adaptive_lambda(lengths, lam_length_alpha)  # [B]
+    advantages, _ = compute_gae(token_rewards, values, response_mask, gamma, lam_policy)  # [B, T]
+    _, returns = compute_gae(token_rewards, values, response_mask, gamma, lam if lam_critic is None else lam_critic)
+    return advantages, returns
 
 
 @register_advantage_estimator("grpo")
@@ -212,3 +256,59 @@ def rft_estimator(*, token_rewards, response_mask, rft_min_score=1.0, **kwargs):
     scores = _sequence_scores(token_rewards, response_mask)  # [B]
     kept = (scores >= rft_min_score).to(token_rewards.dtype)  # [B]
     return _broadcast_to_tokens(kept, response_mask)
+
+
+@register_advantage_estimator("reinforce_plus_plus")
+def reinforce_plus_plus_estimator(*, token_rewards, response_mask, gamma=1.0, reduce_sum=None, **kwargs):
+    """REINFORCE++ (Hu et al. 2025, arXiv 2501.03262; OpenRLHF ``reinforce``): each token's
+    advantage is its discounted return-to-go over the per-token rewards, the score at the
+    last token and -beta * KL (k1) at every token, whitened over the whole batch (every
+    real token of every process): the batch is the baseline, no critic, no group.
+
+    Worked example (gamma = 1, one row's rewards [0, 0, 1] and another's [0, -1], padded)::
+
+        returns    = [[1, 1, 1], [-1, -1, 0]]     (0 on the padding)
+        5 real tokens: mean 0.2, population var 0.96
+        advantages = (returns - 0.2) / sqrt(0.96) = [[0.8165, 0.8165, 0.8165], [-1.2247, -1.2247, 0]]
+    """
+    returns = _returns_to_go(token_rewards, response_mask, gamma)  # [B, T]
+    return whiten(returns, response_mask, reduce_sum=reduce_sum), returns
+
+
+@register_advantage_estimator("reinforce_plus_plus_baseline")
+def reinforce_plus_plus_baseline_estimator(*, token_rewards, response_mask, group_size=1, gamma=1.0,
+                                           reduce_sum=None, **kwargs):
+    """REINFORCE++-baseline (arXiv 2501.03262; OpenRLHF ``reinforce_baseline``; verl
+    ``reinforce_plus_plus_baseline``): the mean total reward of the prompt's group is
+    subtracted from every token's return-to-go, then the batch whitening of REINFORCE++.
+    The group mean removes the prompt's difficulty; the whitening divides by the batch's
+    spread, not the group's (the GRPO bias the paper argues against).
+
+    The mean is taken over each response's summed reward; with the KL in the loss (the
+    GRPO layout) that is the group mean of the scores, OpenRLHF's form.
+    """
+    returns = _returns_to_go(token_rewards, response_mask, gamma)  # [B*G, T]
+    totals = rearrange(_sequence_scores(token_rewards, response_mask), "(b g) -> b g", g=group_size)  # [B, G]
+    group_mean = rearrange(totals.mean(-1, keepdim=True).expand_as(totals), "b g -> (b g)")  # [B*G]
+    centred = torch.where(response_mask.bool(), returns - group_mean[:, None], torch.zeros_like(returns))
+    return whiten(centred, response_mask, reduce_sum=reduce_sum), returns
+
+
+@register_advantage_estimator("remax")
+def remax_estimator(*, token_rewards, response_mask, reward_baselines=None, gamma=1.0, **kwargs):
+    """ReMax (Li et al. 2023, arXiv 2310.10505; verl ``remax``): the baseline of a sampled
+    response is the score of the *greedy* response to the same prompt, one extra decode per
+    prompt instead of a critic or a group. Each token's advantage is its return-to-go minus
+    that baseline.
+
+    >>> rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0]])
+    >>> remax_estimator(token_rewards=rewards, response_mask=torch.ones(2, 2),
+    ...                 reward_baselines=torch.tensor([0.5, 0.5]))[0].tolist()
+    [[0.5, 0.5], [-0.5, -0.5]]
+    """
+    if reward_baselines is None:
+        raise ValueError("advantage estimator 'remax' needs reward_baselines (the greedy responses' scores)")
+    returns = _returns_to_go(token_rewards, response_mask, gamma)  # [B, T]
+    baseline = reward_baselines.to(returns.dtype)[:, None]  # [B, 1]
+    advantages = torch.where(response_mask.bool(), returns - baseline, torch.zeros_like(returns))
+    return advantages, returns

@@ -34,7 +34,8 @@ import yaml
 from .presets import PRESETS, TESTBED_ADJUSTMENTS, TESTBED_SCALE, preset  # re-exported: public API
 
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "abs")
-ADVANTAGE_ESTIMATOR_NAMES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce", "rft")
+ADVANTAGE_ESTIMATOR_NAMES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce", "rft", "reinforce_plus_plus",
+                             "reinforce_plus_plus_baseline", "remax")
 GSM8K_ANSWER_MODES = ("strict", "flexible")  # implemented in ppo/tasks/gsm8k.py `extract_answer`
 # Seeds are 64-bit in torch; per-rank seeds are hashed into [0, 2**63) (ppo/distributed.py).
 MAX_SEED = 2**63 - 1
@@ -101,7 +102,9 @@ class PPOConfig:
 
     # ------------------------------------------------------------------ value model and reward model
     reward_model_path: str | None = _f(None, "Scalar-head reward model directory: when set, its score replaces the task's reward, and value_init='reward_model' starts the critic from it.")
-    value_init: str = _f("policy", "Critic initialisation: 'reward_model' or 'policy' (that backbone with a zeroed head), 'reward_model_head' (the reward model, trained head kept) or 'random' (AlpacaFarm: reward_model; TRL: reward_model_head).")
+    value_init: str = _f("policy", "Critic initialisation: 'reward_model' or 'policy' (that backbone with a zeroed head), 'reward_model_head' (the reward model, trained head kept), 'random', or 'pretrained' (the critic at value_init_path) (AlpacaFarm: reward_model; TRL: reward_model_head).")
+    value_init_path: str | None = _f(None, "Critic directory for value_init='pretrained', as written by python -m ppo.value_pretrain (VC-PPO value pretraining).")
+    critic_warmup_steps: int = _f(0, "RL steps at the start in which only the critic trains, the policy's weights untouched; 0 = off (verl trainer.critic_warmup, OpenRLHF critic.freezing_steps).")
 
     # ------------------------------------------------------------------ rollout (sampling)
     rollout_batch_size: int = _f(64, "Responses sampled per step (prompts x group_size) over all data-parallel processes together, so a preset means the same on any number of them (AlpacaFarm 512).")
@@ -150,9 +153,11 @@ class PPOConfig:
     kl_horizon: int = _f(10000, "Horizon, in samples, of the 'ziegler' controller (Ziegler et al. 2019: 10000).")
 
     # ------------------------------------------------------------------ advantages
-    advantage_estimator: str = _f("gae", "'gae' (PPO with a value model), or without one 'grpo', 'dr_grpo', 'rloo', 'reinforce', 'rft' (rejection-sampling fine-tuning on the kept samples).")
+    advantage_estimator: str = _f("gae", "'gae' (PPO with a value model), or without one 'grpo', 'dr_grpo', 'rloo', 'reinforce', 'rft' (rejection-sampling fine-tuning on the kept samples), 'reinforce_plus_plus', 'reinforce_plus_plus_baseline' (REINFORCE++, arXiv 2501.03262) or 'remax' (greedy-response baseline, arXiv 2310.10505).")
     gamma: float = _f(1.0, "GAE discount (AlpacaFarm, TRL: 1.0).")
     lam: float = _f(0.95, "GAE lambda; with gamma = lam = 1 the advantage is return minus value (AlpacaFarm 1.0, TRL 0.95).")
+    lam_critic: float | None = _f(None, "GAE lambda of the critic's targets, lam then being the policy's; None = lam for both (VC-PPO decoupled GAE: critic 1.0, policy 0.95).")
+    lam_length_alpha: float | None = _f(None, "Policy lambda per response, 1 - 1/(alpha * length) clamped to [0, 1], instead of lam; None = off (VAPO length-adaptive GAE: alpha 0.05).")
     whiten_advantages: bool = _f(True, "Whiten advantages (masked, mean shifted to 0) once per rollout batch (AlpacaFarm, TRL: on; GRPO family: off).")
     whiten_advantages_over_padding: bool = _f(False, "Advantage whitening takes its statistics over the whole padded [B, T] tensor, padding included, instead of the real tokens; padding stays out of the loss (AlpacaFarm ppo_trainer.py _estimate_advantage).")
     whiten_advantages_per_minibatch: bool = _f(False, "Whiten the advantages per minibatch instead of once over the rollout batch (OpenAI baselines, cleanrl).")
@@ -287,6 +292,16 @@ class PPOConfig:
                      "dynamic_sampling_max_rounds"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 bad(name, "must be a positive integer")
+        if self.critic_warmup_steps < 0:
+            bad("critic_warmup_steps", "must be >= 0")
+        if self.critic_warmup_steps and not self.uses_value_model:
+            bad("critic_warmup_steps", "warms up a critic: needs advantage_estimator='gae'")
+        if self.lam_critic is not None and not 0.0 <= self.lam_critic <= 1.0:
+            bad("lam_critic", "must be in [0, 1] or None")
+        if self.lam_length_alpha is not None and not self.lam_length_alpha > 0:
+            bad("lam_length_alpha", "must be > 0 or None")
+        if self.value_init == "pretrained" and not self.value_init_path:
+            bad("value_init_path", "is required for value_init='pretrained' (python -m ppo.value_pretrain writes one)")
         if self.compile_forward and not self.lean_forward:
             bad("compile_forward", "compiles the lean forward: needs lean_forward=True")
         for name in ("gamma", "lam"):
@@ -333,7 +348,7 @@ class PPOConfig:
         choice("loss_agg", LOSS_AGG_NAMES)
         choice("missing_eos", ("none", "penalty", "replace"))
         choice("nonfinite_rewards", ("stop", "drop"))
-        choice("value_init", ("reward_model", "reward_model_head", "policy", "random"))
+        choice("value_init", ("reward_model", "reward_model_head", "policy", "random", "pretrained"))
         choice("lr_schedule", ("linear", "constant"))
         choice("reward_whitening_mode", REWARD_WHITENING_MODES)
         choice("kl_controller", KL_CONTROLLER_NAMES)
@@ -355,7 +370,7 @@ class PPOConfig:
         if self.minibatch_size % self.gradient_accumulation_steps:
             bad("gradient_accumulation_steps",
                 f"must divide the minibatch size ({self.minibatch_size} = rollout_batch_size / num_minibatches)")
-        if self.advantage_estimator in ("grpo", "dr_grpo", "rloo") and self.group_size < 2:
+        if self.advantage_estimator in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline") and self.group_size < 2:
             bad("group_size", f"must be >= 2 for advantage_estimator={self.advantage_estimator!r}")
         if not 0.0 <= self.filter_min_pass_rate < self.filter_max_pass_rate <= 1.0:
             bad("filter_min_pass_rate", f"need 0 <= filter_min_pass_rate < filter_max_pass_rate "

@@ -9,8 +9,9 @@ Metrics a reader may look for here: the per-token KL in its three forms (`kl`, t
 estimator in use; `kl_k1`, unclamped; `kl_k1_sampling`, at the sampling temperature),
 `loss_weight_incorrect_long/short` (the per-token weight each loss aggregation gives long
 wrong answers: Dr. GRPO's length-bias argument), `adv_abs_level*` / `adv_share_level*`
-(where the gradient weight goes by difficulty: the group-std argument), and the phase
-times `time_*` (`PhaseTimer`).
+(where the gradient weight goes by difficulty: the group-std argument), the critic's
+`value_error_mc` and `advantage_bias_first_tokens` (`critic_diagnostics`: VC-PPO's diagnosis),
+and the phase times `time_*` (`PhaseTimer`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import time
 from collections import defaultdict
 
 import torch
+
+from gae import compute_gae
 
 from . import distributed
 from .filtering import zero_advantage_groups
@@ -214,3 +217,35 @@ def per_level_advantage(problems, advantages: torch.Tensor, response_mask: torch
         metrics[f"adv_abs_level{level}"] = float(chosen.mean())
         metrics[f"adv_share_level{level}"] = float(chosen.sum()) / total if total > 0 else float("nan")
     return metrics
+
+
+FIRST_TOKENS = 4  # positions the advantage-bias metric averages over
+
+
+def critic_diagnostics(advantages: torch.Tensor, token_rewards: torch.Tensor, values: torch.Tensor,
+                       gae_mask: torch.Tensor, response_mask: torch.Tensor, gamma: float,
+                       first_tokens: int = FIRST_TOKENS) -> dict[str, float]:
+    """How well the critic serves the policy this step, measured against Monte-Carlo returns
+    (GAE with lambda = 1: the discounted reward-to-go, no bootstrapping), over every rank:
+
+    - ``value_error_mc``: mean squared error of the old values against those returns, per token
+      (``value_error`` is the update's, against the critic's own GAE targets).
+    - ``advantage_bias_first_tokens``: the mean, over the first `first_tokens` response
+      tokens, of the policy's advantage (before whitening) minus the Monte-Carlo advantage
+      ``G_t - V_t``. With lambda < 1 the final reward reaches the first tokens of a long
+      response only as ``lambda**(T-t)``; their advantage is then mostly the critic's own
+      bootstrap, and a critic that starts off biased (from a reward model or a zeroed head)
+      biases them (VC-PPO, arXiv 2503.01491, section 3). 0 with coupled lambda = 1.
+
+    Worked example (gamma = 1, one response of 2 tokens, reward [0, 1], values [0.5, 0.5],
+    policy advantages [0.25, 0.5]): returns [1, 1], value_error_mc 0.25, Monte-Carlo
+    advantages [0.5, 0.5], bias (0.25 - 0.5 + 0.5 - 0.5) / 2 = -0.125.
+    """
+    mc_advantages, mc_returns = compute_gae(token_rewards, values, gae_mask, gamma, 1.0)  # [B, T] each
+    mask = response_mask.to(values.dtype)
+    first = mask * (mask.cumsum(-1) <= first_tokens).to(mask.dtype)  # [B, T]: the first real tokens
+    errors = torch.where(mask.bool(), (values - mc_returns).pow(2), torch.zeros_like(values))
+    bias = torch.where(first.bool(), advantages - mc_advantages, torch.zeros_like(values))
+    sums = distributed.global_sum(torch.stack([errors.sum(), mask.sum(), bias.sum(), first.sum()]).double())
+    return {"value_error_mc": float(sums[0] / sums[1].clamp(min=1)),
+            "advantage_bias_first_tokens": float(sums[2] / sums[3].clamp(min=1))}

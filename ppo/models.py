@@ -146,6 +146,8 @@ def build_value_model(config, policy, device) -> ScalarHeadModel:
     """The critic, initialised as `config.value_init` says."""
     if config.value_init in ("reward_model", "reward_model_head"):  # TRL keeps the trained head
         model = ScalarHeadModel.from_pretrained(config.reward_model_path, zero_head=config.value_init == "reward_model")
+    elif config.value_init == "pretrained":  # VC-PPO value pretraining (python -m ppo.value_pretrain)
+        model = ScalarHeadModel.from_pretrained(config.value_init_path)
     elif config.value_init == "policy":
         model = ScalarHeadModel.from_policy(policy, head_init="zero")
     else:

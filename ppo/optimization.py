@@ -13,6 +13,9 @@ Implementation details that live here:
   separate optimizers each model is clipped on its own norm.
 - **The learning-rate schedule** (`PPOConfig.lr_schedule`, `build_lr_scheduler`):
   transformers' schedules, advanced once per RL step as AlpacaFarm does.
+- **Critic warm-up** (`PPOConfig.critic_warmup_steps`, `optimizer_step(train_policy=False)`):
+  the policy's gradients are dropped before the step, so AdamW skips its parameters (no
+  update, no moment or step-count change) even when one optimizer holds both models.
 - **Fused AdamW** (`adamw_kernel`, exact): the whole update in one kernel per parameter
   group, equal to the loop over parameters to float rounding (tests/test_lean_forward.py).
 
@@ -75,7 +78,8 @@ def build_lr_scheduler(optimizer, schedule: str, warmup_steps: int, total_steps:
 
 
 def optimizer_step(accelerator, policy_optimizer, value_optimizer, parameters: list[list[torch.nn.Parameter]],
-                   max_grad_norm: float | None, step: int, loss: float | None = None) -> dict[str, float]:
+                   max_grad_norm: float | None, step: int, loss: float | None = None,
+                   train_policy: bool = True) -> dict[str, float]:
     """Clip the gradients, step the optimizer(s) and zero the gradients; return the gradient
     norms before clipping. `parameters` are the policy's and the critic's (empty without one);
     `step` is the step being taken, for the guards' messages.
@@ -88,8 +92,14 @@ def optimizer_step(accelerator, policy_optimizer, value_optimizer, parameters: l
     (1 = not clipped). Worked example: one shared optimizer, gradient norms 3 (policy) and 4
     (critic), `max_grad_norm` 1: the joint norm is 5, so both gradients are multiplied by 1/5
     and ``policy_grad_scale`` is 0.2; with separate optimizers the policy's is 1/3.
+    `train_policy` False (critic warm-up) leaves the policy's weights and Adam state as they are.
     """
     policy_params, value_params = parameters
+    if not train_policy:
+        # None, not zero: AdamW skips a parameter without a gradient entirely, where a zero
+        # gradient would still advance its step count and decay its moments.
+        for param in policy_params:
+            param.grad = None
     # No clipping = clipping at infinity: the same call still unscales mixed-precision
     # gradients and returns the norm, and multiplies by 1.
     max_norm = max_grad_norm if max_grad_norm is not None else math.inf

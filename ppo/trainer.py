@@ -42,11 +42,12 @@ from .filtering import PromptPool, group_pass_rates, keep_groups
 from .forward_passes import ForwardPasses, rollout_args
 from .kl import kl_penalty, make_kl_controller
 from .losses import entropy_loss, kl_loss, value_loss
-from .metrics import PhaseTimer, UpdateTally, masked_mean, phase, step_metrics, timed_step
+from .metrics import PhaseTimer, UpdateTally, critic_diagnostics, masked_mean, phase, step_metrics, timed_step
 from .models import setup_models, warm_start_path
 from .optimization import optimizer_step
 from .policy_losses import EntropyControl, policy_loss, policy_loss_options, top_entropy_mask
 from .policy import set_training
+from .remax import greedy_baselines
 from .rewards import (apply_missing_eos, clip_scores, format_reward, group_kimi_length_reward, length_reward_weight,
                       overlong_penalty, shape_rewards, whiten_rewards, whitening_gae_mask)
 from .rollout import Rollout, decode_responses, generate, pad_to_width
@@ -155,7 +156,9 @@ class RLTrainer:
         # ---- 5-6. per-token rewards, then advantages and returns ------------------------
         kl_in_reward = cfg.kl_placement == "reward" and ref_logprobs is not None
         token_rewards, gae_mask, length_coef = self._token_rewards(batch, kl, response_mask, beta, kl_in_reward)
-        advantages, returns = self._advantages(token_rewards, gae_mask, values, response_mask)  # [B, T] each
+        baselines = greedy_baselines(self, batch) if cfg.advantage_estimator == "remax" else None  # [B]: ReMax
+        advantages, returns, critic_stats = self._advantages(token_rewards, gae_mask, values, response_mask, baselines,
+                                                             rollout.response_lengths)
         # Responses cut off at response_length can be left out of the loss (DAPO).
         loss_mask = response_mask * rollout.has_eos.float()[:, None] if cfg.mask_truncated_responses else response_mask
         loss_mask = loss_mask * finite.float()[:, None]  # dropped non-finite scores (nonfinite_rewards='drop')
@@ -184,7 +187,8 @@ class RLTrainer:
 
         metrics = step_metrics(self, batch, buffer, token_rewards=token_rewards, kl=kl, kl_k1=kl_k1,
                                kl_sampling=kl_sampling, finite=finite, kept=kept,
-                               scalars={"kl_coef": beta, "length_reward_coef": length_coef, **update_metrics})
+                               scalars={"kl_coef": beta, "length_reward_coef": length_coef, **critic_stats,
+                                        **update_metrics})
         self.step += 1
         return metrics
 
@@ -213,20 +217,25 @@ class RLTrainer:
         return token_rewards, whitening_gae_mask(response_mask, whitening), length_coef
 
     @phase("advantages")
-    def _advantages(self, token_rewards, gae_mask, values, response_mask):
+    def _advantages(self, token_rewards, gae_mask, values, response_mask, reward_baselines=None, lengths=None):
         """Phase 6: advantages and returns ``[B, T]`` by the configured estimator, batch
-        statistics over all ranks; whitened over the whole batch unless per minibatch."""
+        statistics over all ranks; whitened over the whole batch unless per minibatch. Also
+        the critic's diagnostics, taken before whitening (`ppo.metrics.critic_diagnostics`)."""
         cfg = self.config
         advantages, returns = estimate_advantages(
             cfg.advantage_estimator, token_rewards=token_rewards, response_mask=gae_mask, values=values,
             group_size=cfg.group_size, gamma=cfg.gamma, lam=cfg.lam, grpo_scale=cfg.grpo_scale,
             grpo_eps=cfg.grpo_eps, grpo_std_correction=cfg.grpo_std_correction,
             reinforce_baseline=cfg.reinforce_baseline, rft_min_score=cfg.rft_min_score,
+            lam_critic=cfg.lam_critic, lam_length_alpha=cfg.lam_length_alpha, response_lengths=lengths,
+            reward_baselines=reward_baselines,
             reduce_sum=distributed.global_sum)  # [B, T] each
+        critic_stats = {} if values is None else critic_diagnostics(advantages, token_rewards, values, gae_mask,
+                                                                   response_mask, cfg.gamma)
         if cfg.whiten_advantages and not cfg.whiten_advantages_per_minibatch:
             over = None if cfg.whiten_advantages_over_padding else response_mask  # AlpacaFarm: unmasked
             advantages = whiten(advantages, over, reduce_sum=distributed.global_sum)
-        return advantages, returns
+        return advantages, returns, critic_stats
 
     @phase("update")
     def _update(self, buffer: ExperienceBuffer, beta: float) -> dict:
@@ -235,6 +244,7 @@ class RLTrainer:
         cfg = self.config
         tally = UpdateTally()
         stop_early = False
+        train_policy = self.step >= cfg.critic_warmup_steps  # critic warm-up: the policy waits (verl, OpenRLHF)
         self._set_training(True)
         for _, _, micro_batches in buffer.iterate(cfg.ppo_epochs, cfg.num_minibatches,
                                                   cfg.gradient_accumulation_steps, self.shuffle_generator):
@@ -268,7 +278,7 @@ class RLTrainer:
                 self.entropy_control.observe(entropy, mask)
                 if entropy_coef > 0:
                     loss = loss - entropy_coef * entropy_value
-                loss = loss * weight
+                loss = loss * weight if train_policy else 0.0  # warm-up: no policy gradient at all
                 value_metrics = {}
                 if self.value_model is not None:
                     vf_loss, value_metrics = value_loss(outputs["values"], micro["values"], micro["returns"], mask,
@@ -281,7 +291,7 @@ class RLTrainer:
                 minibatch_loss += float(loss.detach())
                 minibatch_approx_kl += weight * float(metrics.get("approx_kl", 0.0))
                 tally.add(metrics, weight, value_metrics, value_weight)
-            tally.add_optimizer_step({**self._optimizer_step(minibatch_loss), "entropy_coef": entropy_coef})
+            tally.add_optimizer_step({**self._optimizer_step(minibatch_loss, train_policy), "entropy_coef": entropy_coef})
             self.entropy_control.update(distributed.global_sum)
             if cfg.target_kl is not None:  # cleanrl-style early stop of the remaining epochs
                 minibatch_approx_kl = float(distributed.global_sum(torch.tensor(minibatch_approx_kl)))
@@ -336,10 +346,10 @@ class RLTrainer:
         """Rows per micro-batch of the update over a local batch of `batch_size` rows."""
         return batch_size // (self.config.num_minibatches * self.config.gradient_accumulation_steps)
 
-    def _optimizer_step(self, loss: float | None = None) -> dict[str, float]:
+    def _optimizer_step(self, loss: float | None = None, train_policy: bool = True) -> dict[str, float]:
         """Clip, guard and step (ppo/optimization.py); the gradient norms before clipping."""
         return optimizer_step(self.accelerator, self.policy_optimizer, self.value_optimizer, self.model_parameters,
-                              self.config.max_grad_norm, self.step + 1, loss)
+                              self.config.max_grad_norm, self.step + 1, loss, train_policy=train_policy)
 
     def _set_training(self, mode: bool) -> None:
         """Policy and critic in train (or eval) mode (`ppo.policy.set_training`)."""

@@ -313,3 +313,99 @@ def test_register_custom_estimator():
             register_advantage_estimator("test_constant_two")(constant_two)
     finally:
         ADVANTAGE_ESTIMATORS.pop("test_constant_two", None)
+
+
+# ---------------------------------------------------------------------------------------
+# the critic's details: decoupled and length-adaptive lambda, REINFORCE++, ReMax
+# ---------------------------------------------------------------------------------------
+from gae.gae import length_adaptive_lambda  # noqa: E402
+from ppo.config import PPOConfig  # noqa: E402
+
+
+def _critic_batch():
+    rewards = torch.tensor([[0.1, -0.2, 0.0, 1.0], [0.0, 0.3, 0.5, 0.0]])
+    values = torch.tensor([[0.4, 0.2, 0.6, 0.1], [0.5, -0.1, 0.2, 0.9]])
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0], [1.0, 1.0, 1.0, 0.0]])
+    return rewards, values, mask
+
+
+def test_decoupled_lambda_equals_two_separate_gae_runs():
+    rewards, values, mask = _critic_batch()
+    advantages, returns = estimate_advantages("gae", token_rewards=rewards, response_mask=mask, values=values,
+                                              gamma=0.9, lam=0.95, lam_critic=1.0)
+    policy_run, critic_run = compute_gae(rewards, values, mask, 0.9, 0.95), compute_gae(rewards, values, mask, 0.9, 1.0)
+    assert torch.equal(advantages, policy_run[0]) and torch.equal(returns, critic_run[1])
+    assert not torch.allclose(returns, policy_run[1])  # the two lambdas really differ here
+    # lam_critic equal to lam is the coupled estimator, bit for bit
+    coupled = estimate_advantages("gae", token_rewards=rewards, response_mask=mask, values=values, gamma=0.9, lam=0.95)
+    same = estimate_advantages("gae", token_rewards=rewards, response_mask=mask, values=values, gamma=0.9,
+                               lam=0.95, lam_critic=0.95)
+    assert all(torch.equal(a, b) for a, b in zip(coupled, same))
+
+
+def test_length_adaptive_lambda_matches_hand_computed_values():
+    # alpha 0.25: length 8 -> 1 - 1/2 = 0.5; length 2 -> 1 - 1/0.5 = -1, clamped to 0
+    assert length_adaptive_lambda(torch.tensor([8.0, 2.0]), alpha=0.25).tolist() == [0.5, 0.0]
+    assert length_adaptive_lambda(torch.tensor([10.0, 40.0]), alpha=0.05).tolist() == [0.0, 0.5]
+    # rows of 3 and 2 real tokens, gamma 1, alpha 2/3: lambda 1 - 1/2 = 0.5 and 1 - 1/(4/3) = 0.25
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
+    values = torch.tensor([[0.5, 0.5, 0.5], [1.0, 1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    advantages, returns = estimate_advantages("gae", token_rewards=rewards, response_mask=mask, values=values,
+                                              gamma=1.0, lam=0.95, lam_critic=1.0, lam_length_alpha=2 / 3)
+    # row 0, deltas [0, 0, 0.5]: A2 = 0.5, A1 = 0 + 0.5*0.5 = 0.25, A0 = 0 + 0.5*0.25 = 0.125
+    # row 1, deltas [0, 1]:      A1 = 1, A0 = 0 + 0.25*1 = 0.25
+    assert torch.allclose(advantages, torch.tensor([[0.125, 0.25, 0.5], [0.25, 1.0, 0.0]]))
+    # the lengths passed in win over the mask's row sums (GAE over padding, AlpacaFarm)
+    padded, _ = estimate_advantages("gae", token_rewards=rewards, response_mask=torch.ones(2, 3), values=values,
+                                    gamma=1.0, lam=0.95, lam_length_alpha=2 / 3, response_lengths=torch.tensor([3, 2]))
+    assert torch.allclose(padded[0], advantages[0])
+    assert returns.tolist() == [[1.0, 1.0, 1.0], [2.0, 2.0, 0.0]]  # lambda 1: reward-to-go
+
+
+def test_reinforce_plus_plus_hand_computed_2x3():
+    """Score at the last token minus beta * k1 KL per token, gamma 0.5, whitened over the batch."""
+    beta = 0.1
+    kl = torch.tensor([[1.0, -2.0, 0.0], [2.0, 0.0, 0.0]])  # k1 = logp - ref, row 1 padded at t=2
+    scores = torch.tensor([1.0, 0.0])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    rewards = -beta * kl * mask
+    rewards[0, 2] += scores[0]
+    rewards[1, 1] += scores[1]  # rewards [[-0.1, 0.2, 1.0], [-0.2, 0, 0]]
+    advantages, returns = estimate_advantages("reinforce_plus_plus", token_rewards=rewards, response_mask=mask,
+                                              gamma=0.5)
+    # row 0: G2 = 1, G1 = 0.2 + 0.5 = 0.7, G0 = -0.1 + 0.35 = 0.25;  row 1: G1 = 0, G0 = -0.2
+    expected_returns = torch.tensor([[0.25, 0.7, 1.0], [-0.2, 0.0, 0.0]])
+    assert torch.allclose(returns, expected_returns)
+    # 5 real tokens: mean 1.75/5 = 0.35; population variance
+    # (0.01 + 0.1225 + 0.4225 + 0.3025 + 0.1225)/5 = 0.196
+    std = 0.196 ** 0.5
+    expected = torch.tensor([[-0.1 / std, 0.35 / std, 0.65 / std], [-0.55 / std, -0.35 / std, 0.0]])
+    assert torch.allclose(advantages, expected, atol=1e-5)
+
+
+def test_reinforce_plus_plus_baseline_subtracts_the_group_mean_then_whitens():
+    # two groups of 2, gamma 1, score at the last token only (KL in the loss)
+    rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0], [3.0, 0.0], [1.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 0.0], [1.0, 0.0]])
+    advantages, returns = estimate_advantages("reinforce_plus_plus_baseline", token_rewards=rewards,
+                                              response_mask=mask, group_size=2)
+    # group means 0.5 and 2: centred [[0.5, 0.5], [-0.5, -0.5], [1, 0], [-1, 0]]; mean over 6 tokens 0,
+    # variance (4 * 0.25 + 2 * 1) / 6 = 0.5
+    expected = torch.tensor([[0.5, 0.5], [-0.5, -0.5], [1.0, 0.0], [-1.0, 0.0]]) / 0.5 ** 0.5
+    assert torch.allclose(advantages, expected, atol=1e-6)
+    assert returns.tolist() == [[1.0, 1.0], [0.0, 0.0], [3.0, 0.0], [1.0, 0.0]]
+    with pytest.raises(ValueError, match="group_size"):
+        PPOConfig(advantage_estimator="reinforce_plus_plus_baseline", group_size=1)
+
+
+def test_remax_subtracts_the_greedy_samples_reward():
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.5, 0.0], [0.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    greedy = torch.tensor([0.25, 0.25, 1.0])  # the greedy response's score, repeated over its prompt's samples
+    advantages, returns = estimate_advantages("remax", token_rewards=rewards, response_mask=mask,
+                                              reward_baselines=greedy)
+    assert returns.tolist() == [[1.0, 1.0, 1.0], [0.5, 0.5, 0.0], [0.0, 0.0, 0.0]]
+    assert advantages.tolist() == [[0.75, 0.75, 0.75], [0.25, 0.25, 0.0], [-1.0, -1.0, -1.0]]
+    with pytest.raises(ValueError, match="reward_baselines"):
+        estimate_advantages("remax", token_rewards=rewards, response_mask=mask)

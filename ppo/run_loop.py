@@ -111,7 +111,7 @@ def _train(trainer, resume, stop_after, restart, allow_changes) -> dict:
             trainer.writer.add_text("config", describe(cfg), 0)
     initial_eval = None
     if trainer.step == 0:
-        initial_eval = evaluate(trainer)
+        initial_eval = trainer.evaluate()
         log(trainer, {"step": 0, **{f"eval_{k}": v for k, v in initial_eval.items()}})
         if main:
             (output_dir / "initial_eval.json").write_text(json.dumps(initial_eval, indent=2))
@@ -128,7 +128,7 @@ def _train(trainer, resume, stop_after, restart, allow_changes) -> dict:
             raise RewardFunctionError(f"step {trainer.step + 1} (training rollout): {error}") from error.__cause__
         last = trainer.step == cfg.total_steps
         if last or (cfg.eval_every and trainer.step % cfg.eval_every == 0):
-            eval_metrics = evaluate(trainer)
+            eval_metrics = trainer.evaluate()
             metrics.update({f"eval_{k}": v for k, v in eval_metrics.items()})
             final_eval = eval_metrics if last else final_eval
         log(trainer, metrics)
@@ -141,7 +141,7 @@ def _train(trainer, resume, stop_after, restart, allow_changes) -> dict:
     bar.close()
     if trainer.writer is not None:
         trainer.writer.close()
-    final_eval = final_eval or evaluate(trainer)
+    final_eval = final_eval or trainer.evaluate()
     summary = {
         "steps": trainer.step,
         "samples": trainer.samples_generated,  # responses generated (dynamic sampling generates extra)

@@ -67,7 +67,8 @@ def setup_models(trainer, model_path: str | None, policy=None, tokenizer=None) -
         if config.disable_dropout:
             disable_dropout(policy)
     trainer.tokenizer = tokenizer
-    trainer.stop_token_ids = config.stop_token_ids or declared_stop_token_ids(policy, tokenizer)
+    trainer.stop_token_ids = (declared_stop_token_ids(policy, tokenizer) if config.stop_token_ids is None
+                              else config.stop_token_ids)  # [] = no stop token
     trainer.max_prompt_length = resolve_max_prompt_length(policy, config.max_prompt_length, config.response_length)
     ref_policy = None
     if config.uses_reference_model and not config.lora_r:

@@ -23,6 +23,10 @@ The speed paths, each exact (a test compares it on and off) and each a `PPOConfi
   the models at set-up; `ppo.logprobs` picks the path per call).
 - `logprobs_from_generation` (TRL's choice, not a speed path): old log-probs from the
   sampler's logits instead of a pass.
+- Where the critic looks (algorithm, not speed): `value_loss_over_padding` runs the critic
+  over the whole padded width (AlpacaFarm), `score_position="after_last_token"` one column
+  past the last token (TRL); either way the policy's passes are unchanged and the critic's
+  update pass runs apart from the policy's (`_critic_values`).
 
 Each pass counts its wall time towards its phase (`time_policy_forward`, ...).
 """

@@ -304,8 +304,12 @@ def _assert_same_run(a, b, tolerance, clipfrac_slack=0.0):
             assert row_b[key] == pytest.approx(value, rel=tolerance, abs=slack, nan_ok=True), key
 
 
+# value_loss_over_padding off: these runs compare the critic's lean passes (shared prompts, no
+# padding, paired with the policy); the critic on padding takes the module call, which
+# test_critic_on_padding_is_the_module_call_over_the_padded_width checks.
 SETTINGS = dict(task="custom", rollout_batch_size=8, response_length=8, total_steps=3, eval_every=0, save_every=0,
-                progress=False, log_samples=0, lr=3e-3, ppo_epochs=1, num_minibatches=1, value_init="policy")
+                progress=False, log_samples=0, lr=3e-3, ppo_epochs=1, num_minibatches=1, value_init="policy",
+                value_loss_over_padding=False)
 
 # Adam divides each gradient by its own running size, so a weight whose gradient is nothing
 # but rounding moves by a good part of lr either way when adam_eps is below that rounding.

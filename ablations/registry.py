@@ -400,7 +400,8 @@ register(
     "how much do the fixed-width semantics change PPO against masked statistics over the batch's own width?",
     [Variant("fixed_width", PPO),
      Variant("masked", PPO, {"pad_to_response_length": False, "whiten_advantages_over_padding": False,
-                             "reward_whitening_mode": "masked", "loss_agg": "token_mean"})],
+                             "value_loss_over_padding": False, "reward_whitening_mode": "masked",
+                             "loss_agg": "token_mean"})],
     metric="accuracy", extra_metrics=("kl_k1", "response_length"),
 )
 
@@ -493,4 +494,21 @@ register(
      # ReMax also decodes one greedy response per prompt each step (its baseline), not trained on.
      Variant("remax", GRPO, {"advantage_estimator": "remax", **_KL_K1_IN_REWARD, **_ONE_STEP})],
     metric="accuracy", extra_metrics=("kl_k1", "response_length"),
+)
+
+# ---------------------------------------------------------------------- where the critic and the score sit
+register(
+    "critic_on_padding",
+    "AlpacaFarm's critic predicts values on the padding of its fixed-width batch and is trained there: "
+    "does fitting those positions change PPO against a critic that skips them?",
+    [Variant("on_padding", PPO), Variant("real_tokens", PPO, {"value_loss_over_padding": False})],
+    metric="accuracy", extra_metrics=("vf_loss", "value_error"),
+)
+
+register(
+    "score_position",
+    "TRL puts the score one column after the stop token, a terminal state its critic values: does that "
+    "extra bootstrapped step change PPO against the score on the last token?",
+    [Variant("after_last_token", "trl_ppo"), Variant("last_token", "trl_ppo", {"score_position": "last_token"})],
+    metric="accuracy", extra_metrics=("vf_loss", "value_error"),
 )

@@ -64,7 +64,8 @@ class ExperienceBuffer:
 
 
 def accumulation_weights(loss_masks: list[torch.Tensor], loss_agg: str, skip_empty_rows: bool = False,
-                         reduce_sum=None) -> tuple[list[float], list[float]]:
+                         reduce_sum=None, value_masks: list[torch.Tensor] | None = None
+                         ) -> tuple[list[float], list[float]]:
     """Per micro-batch weights that make gradient accumulation exact: `(policy, value)`.
 
     Each micro-batch's loss is an average over its own units (tokens or sequences, see
@@ -75,7 +76,8 @@ def accumulation_weights(loss_masks: list[torch.Tensor], loss_agg: str, skip_emp
     the policy loss is a mean over sequences (a uniform 1/k there is off by the
     micro-batches' differing token counts). `reduce_sum` (`ppo.distributed.global_sum`)
     counts the units over every data-parallel process, so the weights are shares of the
-    *global* minibatch.
+    *global* minibatch. `value_masks` are the critic's own masks where they differ from the
+    loss masks (`ppo.losses.critic_loss_mask`); its token shares are counted over them.
 
     Worked example, two micro-batches with 3 and 1 loss tokens in one row each, under
     `seq_mean_token_mean`: policy weights [0.5, 0.5] (one sequence each), value weights
@@ -85,9 +87,10 @@ def accumulation_weights(loss_masks: list[torch.Tensor], loss_agg: str, skip_emp
 
     reduce_sum = reduce_sum or (lambda total: total)
 
-    def shares(mode: str, skip: bool) -> list[float]:
-        units = [loss_units(mask, mode, skip) for mask in loss_masks]
+    def shares(masks: list[torch.Tensor], mode: str, skip: bool) -> list[float]:
+        units = [loss_units(mask, mode, skip) for mask in masks]
         total = float(reduce_sum(torch.stack(units).sum()))
         return [float(u) / max(total, 1.0) for u in units]
 
-    return shares(loss_agg, skip_empty_rows), shares("token_mean", False)
+    return (shares(loss_masks, loss_agg, skip_empty_rows),
+            shares(loss_masks if value_masks is None else value_masks, "token_mean", False))

@@ -46,6 +46,7 @@ RESUMABLE_FIELDS = ("total_steps", "output_dir", "device", "threads", "progress"
                     "keep_checkpoints", "log_samples", "retain_freed_memory")
 LOSS_AGG_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 REWARD_WHITENING_MODES = ("masked", "stats", "alpacafarm")  # ppo/rewards.py whiten_rewards
+SCORE_POSITIONS = ("last_token", "after_last_token")  # ppo/rewards.py shape_rewards
 KL_CONTROLLER_NAMES = ("ziegler", "alpacafarm")  # ppo/kl.py make_kl_controller
 DIFFICULTY_FILTER_MODES = ("resample", "renormalize", "mask")  # ppo/filtering.py
 # Old field name -> current name. A name is changed only where it misled: a boolean-sounding
@@ -105,6 +106,7 @@ class PPOConfig:
     value_init: str = _f("policy", "Critic initialisation: 'reward_model' or 'policy' (that backbone with a zeroed head), 'reward_model_head' (the reward model, trained head kept), 'random', or 'pretrained' (the critic at value_init_path) (AlpacaFarm: reward_model; TRL: reward_model_head).")
     value_init_path: str | None = _f(None, "Critic directory for value_init='pretrained', as written by python -m ppo.value_pretrain (VC-PPO value pretraining).")
     critic_warmup_steps: int = _f(0, "RL steps at the start in which only the critic trains, the policy's weights untouched; 0 = off (verl trainer.critic_warmup, OpenRLHF critic.freezing_steps).")
+    value_loss_over_padding: bool = _f(False, "Under pad_to_response_length the critic also predicts values on padding (masked out as keys), GAE runs over every column, and the value loss averages over the whole padded tensor (AlpacaFarm ppo_trainer.py compute_loss; rl_models.py AutoregressiveValue).")
 
     # ------------------------------------------------------------------ rollout (sampling)
     rollout_batch_size: int = _f(64, "Responses sampled per step (prompts x group_size) over all data-parallel processes together, so a preset means the same on any number of them (AlpacaFarm 512).")
@@ -114,7 +116,7 @@ class PPOConfig:
     top_k: int = _f(0, "Top-k truncation of sampling; 0 = off, pure sampling, so the rollout distribution is the one being trained (N+ implementation details).")
     top_p: float = _f(1.0, "Nucleus truncation of sampling; 1.0 = off (AlpacaFarm, TRL: pure sampling).")
     scale_logits_by_temperature: bool = _f(True, "Divide logits by temperature before every log-prob, so they belong to the distribution sampled; False reproduces scoring at T=1 (N+ implementation details; AlpacaFarm, TRL).")
-    stop_token_ids: list[int] | None = _f(None, "Token ids that end a response. None = every EOS id the checkpoint declares (tokenizer, generation_config, config), as instruct models list several.")
+    stop_token_ids: list[int] | None = _f(None, "Token ids that end a response. None = every EOS id the checkpoint declares (tokenizer, generation_config, config), as instruct models list several; [] = no stop token, responses run to response_length (TRL's default).")
     max_prompt_length: int | None = _f(None, "Longest prompt in tokens, BOS included; None = the model's context minus response_length (TRL max_prompt_length).")
     prompt_truncation: str = _f("left", "A prompt over max_prompt_length: 'left' drops its oldest tokens, 'right' its end, 'error' refuses it (TRL truncation_side).")
     split_special_tokens: bool = _f(False, "Prompt text spelling a special token ('a<eos>b'): False encodes it as that token (the tokenizer's rule), True as its characters (HF split_special_tokens).")
@@ -138,6 +140,7 @@ class PPOConfig:
     length_reward_warmup_steps: int = _f(0, "RL steps at the start with the length reward off, so the policy learns to solve before it is pushed to be brief (Kimi k1.5).")
     format_reward_coef: float = _f(0.0, "Bonus added to the score of a well-formed response (a parseable answer after the marker, and an EOS); 0 = off (DeepSeek R1 format reward).")
     reward_clip: float | None = _f(None, "Clamp sequence scores to [-reward_clip, reward_clip]; None = off (TRL score_clip; AlpacaFarm and TRL: off).")
+    score_position: str = _f("last_token", "Where the sequence score is added: 'last_token' (the last real response token) or 'after_last_token' (the column after it when the width has one; the critic's values and loss then cover that column too) (TRL ppo_trainer.py actual_end).")
     whiten_rewards: bool = _f(False, "Whiten the per-token rewards before advantages, scale only with the mean kept (AlpacaFarm: on; TRL: off).")
     reward_whitening_mode: str = _f("masked", "Which positions reward whitening sees: 'masked' (real response tokens), 'stats' (statistics of the padded [B, T] tensor) or 'alpacafarm' (the padded tensor whitened and kept, GAE over every column). Formerly whiten_rewards_over_padding (AlpacaFarm ppo_trainer.py).")
 
@@ -351,6 +354,12 @@ class PPOConfig:
         choice("value_init", ("reward_model", "reward_model_head", "policy", "random", "pretrained"))
         choice("lr_schedule", ("linear", "constant"))
         choice("reward_whitening_mode", REWARD_WHITENING_MODES)
+        choice("score_position", SCORE_POSITIONS)
+        if self.score_position != "last_token" and self.advantage_estimator != "gae":
+            bad("score_position", "places the score past the last token for the critic: needs advantage_estimator='gae'")
+        if self.value_loss_over_padding and not self.pad_to_response_length:
+            bad("value_loss_over_padding", "trains the critic on the padding of a fixed-width batch: needs "
+                "pad_to_response_length=True (AlpacaFarm pads every batch to response_len)")
         choice("kl_controller", KL_CONTROLLER_NAMES)
         choice("difficulty_filter_mode", DIFFICULTY_FILTER_MODES)
         if self.grpo_std_correction not in (0, 1):
@@ -385,9 +394,9 @@ class PPOConfig:
         if self.attn_implementation is not None and not self.attn_implementation.strip():
             bad("attn_implementation", "must be a kernel name or None")
         if self.stop_token_ids is not None:
-            if (not isinstance(self.stop_token_ids, list) or not self.stop_token_ids
+            if (not isinstance(self.stop_token_ids, list)
                     or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.stop_token_ids)):
-                bad("stop_token_ids", "must be a non-empty list of token ids (integers >= 0) or None")
+                bad("stop_token_ids", "must be a list of token ids (integers >= 0; [] = no stop token) or None")
         if self.max_prompt_length is not None and self.max_prompt_length < 2:
             bad("max_prompt_length", "must be an integer >= 2 (BOS and one token) or None")
         choice("prompt_truncation", ("left", "right", "error"))

@@ -23,6 +23,10 @@ The speed paths, each exact (a test compares it on and off) and each a `PPOConfi
   the models at set-up; `ppo.logprobs` picks the path per call).
 - `logprobs_from_generation` (TRL's choice, not a speed path): old log-probs from the
   sampler's logits instead of a pass.
+- Where the critic looks (algorithm, not speed): `value_loss_over_padding` runs the critic
+  over the whole padded width (AlpacaFarm), `score_position="after_last_token"` one column
+  past the last token (TRL); either way the policy's passes are unchanged and the critic's
+  update pass runs apart from the policy's (`_critic_values`).
 
 Each pass counts its wall time towards its phase (`time_policy_forward`, ...).
 """
@@ -34,8 +38,10 @@ from dataclasses import dataclass
 import torch
 
 from . import lean_forward
-from .logprobs import logprobs_from_logits, response_logprobs, response_logprobs_and_values, response_values
+from .logprobs import (logprobs_from_logits, padded_response_values, response_logprobs, response_logprobs_and_values,
+                       response_values)
 from .policy import scoring_mode, set_training
+from .rewards import score_positions
 from .rollout import Rollout
 
 
@@ -107,12 +113,24 @@ class ForwardPasses:
             return response_logprobs(self.ref_policy, *rollout_args(rollout), temperature=self.temperature)
 
     def values(self, rollout: Rollout) -> torch.Tensor | None:
-        """The old critic's values, zero on padding, ``[B, T]``; None without a critic."""
+        """The old critic's values, zero outside the positions it covers (`_critic_values`),
+        ``[B, T]``; None without a critic."""
         if self.value_model is None:
             return None
         with torch.no_grad(), scoring_mode(self.policy, self.value_model), self.timer("value_forward"):
-            values = self._old_pass(rollout, "values", lambda *args: response_values(self.value_model, *args))
-        return values * rollout.response_mask.float()
+            values = self._old_pass(rollout, "values", self._critic_values)
+        if self.config.value_loss_over_padding:
+            return values
+        return values * score_positions(rollout.response_mask, self.config.score_position).float()
+
+    def _critic_values(self, query_ids, query_mask, response_ids, response_mask) -> torch.Tensor:
+        """The critic's pass, ``[B, T]``: over the real tokens, one column past them for TRL's
+        score position (PPOConfig.score_position), or AlpacaFarm's whole padded width
+        (PPOConfig.value_loss_over_padding)."""
+        if self.config.value_loss_over_padding:
+            return padded_response_values(self.value_model, query_ids, query_mask, response_ids, response_mask)
+        critic_mask = score_positions(response_mask, self.config.score_position)
+        return response_values(self.value_model, query_ids, query_mask, response_ids, critic_mask)
 
     # -- phase 7: the update (autograd) ----------------------------------------------------
     def update(self, micro: dict) -> dict:
@@ -126,10 +144,14 @@ class ForwardPasses:
                                        ("query_ids", "query_mask", "response_ids", "response_mask")))
 
     def _update_pass(self, args: tuple) -> dict:
-        if self.value_model is not None:  # one pass of both when paired (paired_critic_pass)
+        cfg = self.config
+        critic_as_policy = not cfg.value_loss_over_padding and cfg.score_position == "last_token"
+        if self.value_model is not None and critic_as_policy:  # one pass of both when paired (paired_critic_pass)
             return response_logprobs_and_values(self.policy, self.value_model, *args, temperature=self.temperature)
         logprobs, entropy = response_logprobs(self.policy, *args, temperature=self.temperature, with_entropy=True)
-        return {"logprobs": logprobs, "entropy": entropy}
+        if self.value_model is None:
+            return {"logprobs": logprobs, "entropy": entropy}
+        return {"logprobs": logprobs, "entropy": entropy, "values": self._critic_values(*args)}
 
     # -- reuse_update_forward ---------------------------------------------------------------
     def _reuse_first_micro_batch(self, rollout: Rollout) -> _ReusedForward:

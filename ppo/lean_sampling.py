@@ -80,7 +80,7 @@ def _sample_loop(model, query_ids, query_mask, max_new_tokens, stop_token_ids, p
     positions = query_mask.long().cumsum(-1) - 1
     positions = positions.masked_fill(query_mask == 0, 1)
     next_position = positions[:, -1:] + 1  # [B, 1]
-    stops = torch.tensor(stop_token_ids, device=query_ids.device)
+    stops = torch.tensor(stop_token_ids, dtype=torch.long, device=query_ids.device)  # may be empty: no stop token
     slots = torch.arange(capacity, device=query_ids.device)
     unfinished = torch.ones(batch, dtype=torch.bool, device=query_ids.device)
     finite = torch.ones((), dtype=torch.bool, device=query_ids.device)

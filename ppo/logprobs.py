@@ -19,6 +19,8 @@ Implementation details that live here:
   whole rollout batch costs.
 - **The last column never runs** (exact): its output would predict a token after the
   response, and by causality no earlier output depends on it.
+- **The critic on padding** (`PPOConfig.value_loss_over_padding`, `padded_response_values`):
+  AlpacaFarm's critic runs over the whole padded width; that pass keeps its padding columns.
 - **The lean forward** (`PPOConfig.lean_forward`, `ppo.lean_forward`): GPT-2 and Llama
   models run through their own modules without the Hugging Face call plumbing; with
   `PPOConfig.share_prompt_prefix` each distinct prompt of a batch runs once, and with
@@ -104,6 +106,20 @@ def response_values(value_model, query_ids, query_mask, response_ids, response_m
     inputs, query_length, _ = _unpadded_inputs(query_ids, query_mask, response_ids, response_mask)
     values = response_scalars(value_model, *inputs, query_length)  # [B, t]
     return _pad_columns(values.float(), width)  # [B, T]
+
+
+def padded_response_values(value_model, query_ids, query_mask, response_ids, response_mask) -> torch.Tensor:
+    """The critic's values at every response column ``[B, T]``, padding included, as
+    AlpacaFarm's critic computes them (`PPOConfig.value_loss_over_padding`; rl_models.py
+    `AutoregressiveValue.forward`): the whole padded batch through the module call, padding
+    masked out as keys and given position 1, as transformers' `prepare_inputs_for_generation`
+    gives it there. A padding column's value is the critic's output at that column. The lean
+    path declines this pass: it runs real tokens only."""
+    input_ids, attention_mask, position_ids = concat_query_response(query_ids, query_mask, response_ids, response_mask)
+    position_ids = position_ids.masked_fill(attention_mask == 0, 1)
+    values = value_model(input_ids=input_ids[:, :-1], attention_mask=attention_mask[:, :-1],
+                         position_ids=position_ids[:, :-1])  # [B, Q+T-1]: the last column predicts nothing
+    return values[:, query_ids.shape[1] - 1:].float()  # [B, T]
 
 
 def response_logprobs_and_values(policy, value_model, query_ids, query_mask, response_ids, response_mask,

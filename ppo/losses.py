@@ -15,13 +15,15 @@ Implementation details that live here:
   dual clip, GSPO, CISPO, GMPO, Clip-Cov and KL-Cov.
 - **Value clipping** (`value_loss`): the critic's regression loss, optionally clipped
   around the old values (AlpacaFarm, TRL; "The N+ Implementation Details of RLHF with PPO").
+  `critic_loss_mask` says which positions it covers: AlpacaFarm's critic is trained on
+  padding too (`PPOConfig.value_loss_over_padding`), TRL's one column past the last token.
 - **Entropy bonus** (`entropy_loss`) and **KL in the loss** (`kl_loss`, GRPO's k3 estimator
   to the reference policy, DeepSeekMath).
 - **Diagnostics**: clip fractions, approximate KL to the old policy, ratio statistics and
   the critic's `explained_variance`.
 
 All tensors are `[B, T]` over response positions with a `response_mask`; padding positions
-never enter a loss or a metric. Metrics are plain Python floats.
+never enter a loss or a metric unless a toggle that reproduces a source puts them there. Metrics are plain Python floats.
 """
 
 from __future__ import annotations
@@ -209,6 +211,28 @@ def value_loss(
             "value_error": _masked_mean(unclipped_sq, mask).item(),
         }
     return loss, metrics
+
+
+def critic_loss_mask(loss_mask: torch.Tensor, over_padding: bool = False,
+                     score_position: str = "last_token") -> torch.Tensor:
+    """The positions the critic's loss averages over, ``[B, T]``.
+
+    By default the policy's loss mask. `over_padding` (`PPOConfig.value_loss_over_padding`):
+    every column of each row in the loss, padding included, so that over a fixed-width
+    batch the loss is AlpacaFarm's ``.mean()`` over ``[B, response_len]``. `score_position`
+    ``"after_last_token"``: the loss mask plus the column after each row's last token (TRL's
+    ``~padding_mask_p1``), where that score sits. A row left out of the loss (filtered,
+    dropped) stays out either way.
+
+    >>> m = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    >>> critic_loss_mask(m, over_padding=True).tolist(), critic_loss_mask(m, score_position="after_last_token").tolist()
+    ([[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]], [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0]])
+    """
+    from .rewards import score_positions
+
+    if over_padding:
+        return loss_mask.amax(-1, keepdim=True).expand_as(loss_mask).clone()  # [B, T]
+    return score_positions(loss_mask, score_position)  # [B, T]
 
 
 def entropy_loss(

@@ -77,7 +77,8 @@ def setup_models(trainer, model_path: str | None, policy=None, tokenizer=None) -
     # Prompt text such as '<eos>' is the special token by default, its characters with True.
     tokenizer.split_special_tokens = config.split_special_tokens
     trainer.tokenizer = tokenizer
-    trainer.stop_token_ids = config.stop_token_ids or declared_stop_token_ids(policy, tokenizer)
+    trainer.stop_token_ids = (declared_stop_token_ids(policy, tokenizer) if config.stop_token_ids is None
+                              else config.stop_token_ids)  # [] = no stop token
     trainer.max_prompt_length = resolve_max_prompt_length(policy, config.max_prompt_length, config.response_length)
     ref_policy = None
     if config.uses_reference_model and not config.lora_r:

@@ -31,6 +31,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         reward_whitening_mode="alpacafarm",  # whitens the padded [B, T] tensor, GAE over every column
         pad_to_response_length=True,  # rl_models.py right-pads every batch to response_len
         whiten_advantages_over_padding=True,  # torch_ops.whiten over the whole padded tensor
+        value_loss_over_padding=True,  # the critic predicts on padding; vf_loss .mean() over [B, response_len]
         loss_agg="seq_mean_token_sum_norm",  # .mean() over [B, response_len]: a constant divisor
         response_length=300,  # response_len
         max_prompt_length=192,  # query_len
@@ -80,6 +81,8 @@ PRESETS: dict[str, dict[str, Any]] = {
         num_minibatches=1,
         temperature=0.7,
         response_length=53,  # OnPolicyConfig.response_length
+        stop_token_ids=[],  # OnPolicyConfig stop_token / stop_token_id None: responses run to response_length
+        score_position="after_last_token",  # actual_end = sequence_lengths + 1 where the width has room
         lr=3e-6,  # examples/scripts/ppo/ppo.py; PPOConfig itself inherits TrainingArguments' 5e-5
         logprobs_from_generation=True,  # old log-probs from the generation logits / temperature
         separate_value_optimizer=False,
@@ -191,7 +194,10 @@ TESTBED_ADJUSTMENTS: dict[str, dict[str, Any]] = {
     # The verifiable testbed has no reward model to initialise the critic from; the
     # nearest equivalent is the SFT backbone with a zeroed head.
     "alpacafarm": dict(value_init="policy"),
-    "trl_ppo": dict(value_init="policy"),
+    # The arithmetic scorer reads the answer after the response's last '#': without a stop
+    # token the model writes on past its EOS to 64 tokens, and that text decides the answer.
+    # TRL's own stop_token='eos' setting is kept instead (the score then sits after the EOS).
+    "trl_ppo": dict(value_init="policy", stop_token_ids=None),
     # A 1024-token prompt limit does not fit the testbed model's 256 positions; its prompts
     # are a few tokens long, so no limit is the same thing there.
     "dr_grpo": dict(max_prompt_length=None),

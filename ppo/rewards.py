@@ -11,7 +11,8 @@ token. Everything between those two lives here, in the order the training loop a
   few outliers cannot dominate a batch.
 - **Score at the last response token, KL in the reward** (`shape_rewards`): the classic
   RLHF reward `r_t = -beta * KL_t`, plus the sequence score on the final real token
-  (AlpacaFarm, TRL, N+ details).
+  (AlpacaFarm, N+ details), or one column after it (`PPOConfig.score_position`,
+  `score_positions`: TRL's PPOTrainer).
 - **Reward whitening** (`whiten_rewards`): rescale rewards to unit variance without
   moving their mean; AlpacaFarm's variant includes padding positions in the statistics,
   which is kept as a toggle.
@@ -34,6 +35,7 @@ import torch
 from einops import rearrange
 
 MISSING_EOS_MODES = ("none", "penalty", "replace")
+SCORE_POSITIONS = ("last_token", "after_last_token")
 
 
 def apply_missing_eos(
@@ -108,6 +110,7 @@ def shape_rewards(
     response_mask: torch.Tensor,
     kl_coef: float,
     kl_in_reward: bool = True,
+    score_position: str = "last_token",
 ) -> torch.Tensor:
     """Per-token rewards: `-kl_coef * kl` on each response token, plus the score at the end.
 
@@ -125,6 +128,14 @@ def shape_rewards(
     reference model (Ziegler et al.; AlpacaFarm, TRL). With `kl_in_reward=False` (GRPO,
     which puts the KL in the loss instead) only the score remains.
 
+    `score_position="after_last_token"` (`PPOConfig.score_position`) puts the score one
+    column later, where the width has one, as TRL's PPOTrainer does (`actual_end =
+    sequence_lengths + 1` unless that is past the last column): that column is the state
+    after the stop token, which TRL's critic values and is trained on, so the score reaches
+    the real tokens through GAE discounted once more by gamma * lambda. Its masks come from
+    `score_positions`. With no stop token every response fills the width and the two
+    positions coincide.
+
     Args:
         scores: `[B]` sequence scores.
         kl: `[B, T]` per-token KL estimates (from `ppo.kl.kl_penalty`).
@@ -138,6 +149,10 @@ def shape_rewards(
     """
     mask = response_mask.bool()
     last = last_token_index(response_mask)  # [B]
+    if score_position == "after_last_token":
+        last = (last + 1).clamp(max=response_mask.shape[1] - 1)  # [B]: TRL's actual_end
+    elif score_position != "last_token":
+        raise ValueError(f"score_position must be one of {SCORE_POSITIONS}, got {score_position!r}")
     if kl_in_reward:
         # torch.where, not multiplication: KL on padding may be inf/nan, and inf * 0 = nan.
         token_rewards = torch.where(mask, -kl_coef * kl, torch.zeros_like(kl))  # [B, T]
@@ -192,6 +207,22 @@ def whiten_rewards(
     if over_padding == "masked":
         return whiten(token_rewards, mask=mask, shift_mean=False, reduce_sum=reduce_sum) * mask  # [B, T]
     raise ValueError(f"over_padding must be 'masked', 'stats' or 'alpacafarm', got {over_padding!r}")
+
+
+def score_positions(response_mask: torch.Tensor, score_position: str = "last_token") -> torch.Tensor:
+    """The positions the score, reward whitening, GAE and the critic see, ``[B, T]``: the
+    response mask, plus under ``"after_last_token"`` (TRL's ``~padding_mask_p1``) the column
+    after each row's last real token where the width has one. Rows with no token stay empty.
+
+    >>> score_positions(torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [0, 0, 0, 0]]), "after_last_token").tolist()
+    [[1, 1, 1, 0], [1, 1, 1, 1], [0, 0, 0, 0]]
+    """
+    if score_position == "last_token":
+        return response_mask
+    if score_position != "after_last_token":
+        raise ValueError(f"score_position must be one of {SCORE_POSITIONS}, got {score_position!r}")
+    shifted = torch.nn.functional.pad(response_mask[:, :-1], (1, 0))  # [B, T]: the mask one column later
+    return torch.maximum(response_mask, shifted)
 
 
 def whitening_gae_mask(response_mask: torch.Tensor, over_padding: str | bool) -> torch.Tensor:

@@ -12,7 +12,8 @@ Implementation details that live here:
   them reshapes the sampling distribution, so the rollouts would be off-policy for the
   log-probs the loss uses. `generate` swaps in a complete config of its own for the call.
 - **Stop tokens** (`PPOConfig.stop_token_ids`): by default every EOS id the checkpoint
-  declares (`ppo.policy.declared_stop_token_ids`), not only the tokenizer's.
+  declares (`ppo.policy.declared_stop_token_ids`), not only the tokenizer's; an empty list
+  means none, as in TRL's default: every response runs to `max_new_tokens`.
 - **Prompt length** (`PPOConfig.max_prompt_length`, `PPOConfig.prompt_truncation`): a
   prompt longer than the limit is cut (left or right, keeping BOS) or refused with an
   error naming the field, before it can reach the model's position table.
@@ -24,6 +25,8 @@ Implementation details that live here:
   statistics over padding.
 - **Missing-EOS detection** (`Rollout.has_eos`): a response that used all
   `max_new_tokens` without a stop token is flagged; `ppo.rewards` decides what that costs.
+  With no stop token, a response is flagged when it holds no EOS id anywhere (TRL's
+  `contain_eos_token`).
 """
 
 from __future__ import annotations
@@ -78,12 +81,25 @@ def truncate_after_stop(
     >>> out.tolist(), mask.tolist(), eos.tolist()
     ([[5, 2, 0, 0], [5, 6, 7, 8]], [[1, 1, 0, 0], [1, 1, 1, 1]], [True, False])
     """
-    is_stop = torch.isin(response_ids, torch.tensor(stop_token_ids, device=response_ids.device))  # [B, T]
+    stops = torch.tensor(stop_token_ids, dtype=response_ids.dtype, device=response_ids.device)
+    is_stop = torch.isin(response_ids, stops)  # [B, T]
     # stops_before[t] = number of stop tokens strictly before position t
     stops_before = is_stop.long().cumsum(-1) - is_stop.long()
     response_mask = (stops_before == 0).long()  # [B, T]
     has_eos = is_stop.any(-1)  # [B]
     response_ids = torch.where(response_mask.bool(), response_ids, torch.full_like(response_ids, pad_token_id))
+    return response_ids, response_mask, has_eos
+
+
+def responses_and_masks(raw_response: torch.Tensor, stop_token_ids: list[int], model, tokenizer):
+    """`truncate_after_stop` of sampled tokens. With no stop token every response runs to the
+    length limit, so "missing EOS" means no EOS id of the checkpoint anywhere in it, as TRL's
+    ``contain_eos_token`` has it."""
+    response_ids, response_mask, has_eos = truncate_after_stop(raw_response, stop_token_ids, tokenizer.pad_token_id)
+    if not stop_token_ids:
+        eos = torch.tensor(declared_stop_token_ids(model, tokenizer), dtype=raw_response.dtype,
+                           device=raw_response.device)
+        has_eos = torch.isin(raw_response, eos).any(-1)  # [B]
     return response_ids, response_mask, has_eos
 
 
@@ -102,7 +118,7 @@ def sampling_config(max_new_tokens: int, stop_token_ids: list[int], pad_token_id
     )
     sampling = dict(do_sample=False) if greedy else dict(
         do_sample=True, temperature=temperature, top_k=top_k, top_p=top_p)
-    config = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=list(stop_token_ids),
+    config = GenerationConfig(max_new_tokens=max_new_tokens, eos_token_id=list(stop_token_ids) or None,
                               pad_token_id=pad_token_id, **neutral, **sampling)
     return config
 
@@ -161,7 +177,8 @@ def generate(
 
     `top_k=0` and `top_p=1.0` (the defaults) mean no truncation of the distribution; no
     other setting of the checkpoint's generation config is used (`sampling_config`).
-    `stop_token_ids` defaults to every EOS id the checkpoint declares.
+    `stop_token_ids` defaults to every EOS id the checkpoint declares; ``[]`` means none
+    (`responses_and_masks` says what missing EOS then means).
     `max_prompt_length` defaults to the model's context minus `max_new_tokens`, so an
     over-long prompt is an error naming the limit, never an IndexError in the model.
 
@@ -169,7 +186,7 @@ def generate(
     `return_logits` keeps the raw generation logits so old log-probs can be taken from
     them instead of a second forward pass (PPOConfig.logprobs_from_generation).
     """
-    stop_token_ids = list(stop_token_ids or declared_stop_token_ids(model, tokenizer))
+    stop_token_ids = list(declared_stop_token_ids(model, tokenizer) if stop_token_ids is None else stop_token_ids)
     if max_prompt_length is None and context_length(model) is not None:
         max_prompt_length = context_length(model) - max_new_tokens
         if max_prompt_length < 1:
@@ -182,8 +199,7 @@ def generate(
         # The same sampling rule through the lean KV-cached loop (ppo/lean_sampling.py).
         raw_response, logits = lean_sampling.sample(model, query_ids, query_mask, max_new_tokens, stop_token_ids,
                                                    tokenizer.pad_token_id, temperature, greedy, return_logits)
-        response_ids, response_mask, has_eos = truncate_after_stop(raw_response, stop_token_ids,
-                                                                   tokenizer.pad_token_id)
+        response_ids, response_mask, has_eos = responses_and_masks(raw_response, stop_token_ids, model, tokenizer)
         return Rollout(query_ids, query_mask, response_ids, response_mask, has_eos, logits, truncated.to(device))
     generation_config = sampling_config(max_new_tokens, stop_token_ids, tokenizer.pad_token_id, temperature,
                                         greedy, top_k, top_p)
@@ -196,7 +212,7 @@ def generate(
             generation_config=generation_config,
         )
     raw_response = output.sequences[:, query_ids.shape[1]:]  # [B, T<=max_new_tokens]
-    response_ids, response_mask, has_eos = truncate_after_stop(raw_response, stop_token_ids, tokenizer.pad_token_id)
+    response_ids, response_mask, has_eos = responses_and_masks(raw_response, stop_token_ids, model, tokenizer)
     logits = torch.stack(output.logits, dim=1) if return_logits else None  # [B, T, V]
     return Rollout(query_ids, query_mask, response_ids, response_mask, has_eos, logits, truncated.to(device))
 

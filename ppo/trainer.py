@@ -41,7 +41,7 @@ from .evaluation import score_batch
 from .filtering import PromptPool, group_pass_rates, keep_groups
 from .forward_passes import ForwardPasses, rollout_args
 from .kl import kl_penalty, make_kl_controller
-from .losses import entropy_loss, kl_loss, value_loss
+from .losses import critic_loss_mask, entropy_loss, kl_loss, value_loss
 from .metrics import PhaseTimer, UpdateTally, critic_diagnostics, masked_mean, phase, step_metrics, timed_step
 from .models import setup_models, warm_start_path
 from .optimization import optimizer_step
@@ -49,7 +49,7 @@ from .policy_losses import EntropyControl, policy_loss, policy_loss_options, top
 from .policy import set_training
 from .remax import greedy_baselines
 from .rewards import (apply_missing_eos, clip_scores, format_reward, group_kimi_length_reward, length_reward_weight,
-                      overlong_penalty, shape_rewards, whiten_rewards, whitening_gae_mask)
+                      overlong_penalty, score_positions, shape_rewards, whiten_rewards, whitening_gae_mask)
 from .rollout import Rollout, decode_responses, generate, pad_to_width
 from .tasks import build_task
 
@@ -177,6 +177,9 @@ class RLTrainer:
         tensors = dict(query_ids=rollout.query_ids, query_mask=rollout.query_mask, response_ids=rollout.response_ids,
                        response_mask=response_mask, loss_mask=loss_mask, old_logprobs=old_logprobs,
                        advantages=advantages, returns=returns, ref_logprobs=ref_logprobs, values=values)
+        if values is not None and (cfg.value_loss_over_padding or cfg.score_position != "last_token"):
+            # The critic's loss covers padding (AlpacaFarm) or the column after the last token (TRL).
+            tensors["critic_mask"] = critic_loss_mask(loss_mask, cfg.value_loss_over_padding, cfg.score_position)
         buffer = ExperienceBuffer({name: t for name, t in tensors.items() if t is not None})
         update_metrics = self._update(buffer, beta)
 
@@ -209,12 +212,19 @@ class RLTrainer:
             scores = scores + overlong_penalty(rollout.response_lengths, cfg.response_length,
                                                cfg.overlong_buffer_length, cfg.overlong_penalty_factor)
         scores = clip_scores(scores, cfg.reward_clip)  # [B]
-        token_rewards = shape_rewards(scores, kl, response_mask, beta, kl_in_reward=kl_in_reward)  # [B, T]
+        token_rewards = shape_rewards(scores, kl, response_mask, beta, kl_in_reward=kl_in_reward,
+                                      score_position=cfg.score_position)  # [B, T]
+        # TRL's score position adds the column after the last token to what sees the score.
+        reward_mask = score_positions(response_mask, cfg.score_position)  # [B, T]
         whitening = cfg.reward_whitening_mode if cfg.whiten_rewards else "masked"
         if cfg.whiten_rewards:
-            token_rewards = whiten_rewards(token_rewards, response_mask, whitening, reduce_sum=distributed.global_sum)
-        # AlpacaFarm's exact form runs GAE over every column, padding included.
-        return token_rewards, whitening_gae_mask(response_mask, whitening), length_coef
+            token_rewards = whiten_rewards(token_rewards, reward_mask, whitening, reduce_sum=distributed.global_sum)
+        # AlpacaFarm's exact form runs GAE over every column, padding included; so does a
+        # critic with values on padding (value_loss_over_padding), whose loss fits those returns.
+        gae_mask = whitening_gae_mask(reward_mask, whitening)  # [B, T]
+        if cfg.value_loss_over_padding:
+            gae_mask = torch.ones_like(response_mask)  # [B, T]
+        return token_rewards, gae_mask, length_coef
 
     @phase("advantages")
     def _advantages(self, token_rewards, gae_mask, values, response_mask, reward_baselines=None, lengths=None):
@@ -255,8 +265,10 @@ class RLTrainer:
             # Weight each micro-batch by its share of the *global* minibatch (tokens or
             # sequences, counted over all ranks), so the accumulated gradient equals one big
             # minibatch on one process; the critic's token-mean loss gets token shares.
+            critic_masks = [m["critic_mask"] for m in micro_batches] if "critic_mask" in micro_batches[0] else None
             policy_weights, value_weights = accumulation_weights(
-                [m["loss_mask"] for m in micro_batches], cfg.loss_agg, self.skip_empty_rows, distributed.global_sum)
+                [m["loss_mask"] for m in micro_batches], cfg.loss_agg, self.skip_empty_rows, distributed.global_sum,
+                value_masks=critic_masks)
             minibatch_approx_kl = minibatch_loss = 0.0  # the loss is checked for NaN before stepping
             entropy_coef = self.entropy_control.applied  # one coefficient for the whole minibatch
             for micro, weight, value_weight in zip(micro_batches, policy_weights, value_weights):
@@ -281,8 +293,8 @@ class RLTrainer:
                 loss = loss * weight if train_policy else 0.0  # warm-up: no policy gradient at all
                 value_metrics = {}
                 if self.value_model is not None:
-                    vf_loss, value_metrics = value_loss(outputs["values"], micro["values"], micro["returns"], mask,
-                                                        clip_range_value=cfg.cliprange_value)
+                    vf_loss, value_metrics = value_loss(outputs["values"], micro["values"], micro["returns"],
+                                                        micro.get("critic_mask", mask), clip_range_value=cfg.cliprange_value)
                     # One backward for both: the critic's graph is separate, so its gradients
                     # only reach the critic's parameters, scaled by vf_coef.
                     loss = loss + value_weight * cfg.vf_coef * vf_loss

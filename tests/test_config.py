@@ -85,6 +85,29 @@ def test_fields_follow_the_algorithm_with_speed_toggles_last():
     assert set(names[-len(speed):]) == speed
 
 
+def test_critic_on_padding_needs_the_fixed_width():
+    """value_loss_over_padding trains the critic on the padding of a fixed-width batch."""
+    with pytest.raises(ValueError, match=r"PPOConfig\.value_loss_over_padding.*pad_to_response_length"):
+        PPOConfig(value_loss_over_padding=True)
+    assert PPOConfig(value_loss_over_padding=True, pad_to_response_length=True).value_loss_over_padding
+    with pytest.raises(ValueError, match=r"PPOConfig\.value_loss_over_padding"):
+        preset("alpacafarm", pad_to_response_length=False)
+
+
+def test_score_position_and_no_stop_token_settings():
+    with pytest.raises(ValueError, match=r"PPOConfig\.score_position"):
+        PPOConfig(score_position="first_token")
+    with pytest.raises(ValueError, match=r"PPOConfig\.score_position.*gae"):
+        preset("grpo", score_position="after_last_token")
+    assert PPOConfig(stop_token_ids=[]).stop_token_ids == []  # no stop token
+    for bad in ([-1], [True], "2"):
+        with pytest.raises(ValueError, match=r"PPOConfig\.stop_token_ids"):
+            PPOConfig(stop_token_ids=bad)
+    full, testbed = preset("trl_ppo"), preset("trl_ppo", testbed=True)
+    assert full.stop_token_ids == [] and testbed.stop_token_ids is None  # TESTBED_ADJUSTMENTS keeps the EOS
+    assert full.score_position == testbed.score_position == "after_last_token"
+
+
 def test_alpacafarm_preset_values():
     config = preset("alpacafarm")
     expected = dict(kl_coef=0.0067, adaptive_kl=False, kl_estimator="k1", kl_clip_at_zero=True, kl_placement="reward",

@@ -13,9 +13,12 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from ppo import batch_layouts, lean_forward, lean_sampling, model_pairs
 from ppo.config import PPOConfig, preset
-from ppo.logprobs import (_unpadded_inputs, response_logprobs, response_logprobs_and_values, response_values,
+from ppo.logprobs import (_unpadded_inputs, padded_response_values, response_logprobs, response_logprobs_and_values,
+                          response_values,
                           trim_padding)
-from ppo.rollout import generate
+from ppo.metrics import PhaseTimer
+from ppo.rewards import score_positions
+from ppo.rollout import generate, pad_to_width
 from ppo.tiny_model import TinyModelConfig, build_tiny_model
 from ppo import forward_passes as passes_module
 from ppo.optimization import adamw_kernel
@@ -181,6 +184,72 @@ def test_lean_values_match_the_scalar_head_model(char_tokenizer, arch):
                                atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_critic_on_padding_is_the_module_call_over_the_padded_width(char_tokenizer, arch):
+    """value_loss_over_padding: the critic's values at every column of the padded response
+    are the plain module call over the whole padded sequence with its attention mask
+    (padding masked out as keys, at position 1), as AlpacaFarm's value model runs; the lean
+    path declines this pass and gives the same; real tokens keep the values of the usual
+    pass, and every padding column gets a value of its own."""
+    policy = tiny(arch, char_tokenizer)
+    critic = ScalarHeadModel.from_policy(policy, head_init="normal").eval()
+    lean = copy.deepcopy(critic)
+    assert lean_forward.enable(lean) == []
+    torch.manual_seed(0)
+    rollout = pad_to_width(generate(policy, char_tokenizer, PROMPTS[:6], 6), 9, char_tokenizer.pad_token_id)
+    q, qm, r, rm = rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.response_mask
+    assert (rm == 0).any()
+    ids, mask = torch.cat([q, r], 1), torch.cat([qm, rm], 1)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # transformers' prepare_inputs_for_generation
+    with torch.no_grad():
+        by_hand = critic(input_ids=ids, attention_mask=mask, position_ids=positions)[:, q.shape[1] - 1:-1]
+        padded = padded_response_values(critic, q, qm, r, rm)
+        padded_lean = padded_response_values(lean, q, qm, r, rm)
+        usual = response_values(critic, q, qm, r, rm)
+    assert padded.shape == rm.shape
+    torch.testing.assert_close(padded, by_hand, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(padded_lean, padded, atol=0, rtol=0)
+    real = rm.bool()
+    torch.testing.assert_close(padded[real], usual[real], atol=1e-6, rtol=1e-6)
+    assert (padded[~real].abs() > 1e-4).all()
+    longest = int(rm.sum(-1).max())  # the usual pass skips the columns no row reaches: zeros there
+    assert torch.equal(usual[:, longest:], torch.zeros_like(usual[:, longest:]))
+
+
+@pytest.mark.parametrize("toggle", ["value_loss_over_padding", "score_position"])
+def test_critic_passes_cover_padding_or_the_column_after_the_last_token(char_tokenizer, toggle):
+    """ForwardPasses: the old values and the update's values follow the critic's positions
+    (every padded column, or one column past the last token), the policy's passes do not."""
+    policy = tiny("gpt2", char_tokenizer)
+    critic = ScalarHeadModel.from_policy(policy, head_init="normal").eval()
+    torch.manual_seed(0)
+    rollout = pad_to_width(generate(policy, char_tokenizer, PROMPTS[:4], 6), 8, char_tokenizer.pad_token_id)
+    rm = rollout.response_mask
+    on = dict(value_loss_over_padding=True) if toggle == "value_loss_over_padding" else dict(
+        score_position="after_last_token")
+    values, update = {}, {}
+    for name, overrides in (("off", {}), ("on", on)):
+        config = PPOConfig(pad_to_response_length=True, reuse_update_forward=False, **overrides)
+        passes = passes_module.ForwardPasses(policy, critic, None, config, torch.Generator(), lambda n: n,
+                                             PhaseTimer())
+        with torch.no_grad():
+            values[name] = passes.values(rollout)
+            update[name] = passes.update({"rows": torch.arange(len(rm)), "query_ids": rollout.query_ids,
+                                          "query_mask": rollout.query_mask, "response_ids": rollout.response_ids,
+                                          "response_mask": rm})
+    covered = torch.ones_like(rm) if toggle == "value_loss_over_padding" else score_positions(rm, "after_last_token")
+    extra = covered.bool() & ~rm.bool()
+    assert extra.any()
+    assert torch.equal(values["off"][~rm.bool()], torch.zeros(int((~rm.bool()).sum())))
+    assert (values["on"][extra].abs() > 1e-4).all() and (update["on"]["values"][extra].abs() > 1e-4).all()
+    assert torch.equal(values["on"] * (1 - covered), torch.zeros_like(values["on"]))
+    torch.testing.assert_close(values["on"][rm.bool()], values["off"][rm.bool()], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(update["on"]["values"][covered.bool()], values["on"][covered.bool()],
+                               atol=1e-6, rtol=1e-6)
+    for key in ("logprobs", "entropy"):  # the policy's passes are unchanged
+        assert torch.equal(update["on"][key], update["off"][key])
+
+
 def test_lean_path_is_refused_where_it_would_compute_something_else(char_tokenizer):
     with_dropout = tiny("gpt2", char_tokenizer, dropout=0.1)
     assert lean_forward.enable(with_dropout) == ["GPT2LMHeadModel"]
@@ -235,8 +304,12 @@ def _assert_same_run(a, b, tolerance, clipfrac_slack=0.0):
             assert row_b[key] == pytest.approx(value, rel=tolerance, abs=slack, nan_ok=True), key
 
 
+# value_loss_over_padding off: these runs compare the critic's lean passes (shared prompts, no
+# padding, paired with the policy); the critic on padding takes the module call, which
+# test_critic_on_padding_is_the_module_call_over_the_padded_width checks.
 SETTINGS = dict(task="custom", rollout_batch_size=8, response_length=8, total_steps=3, eval_every=0, save_every=0,
-                progress=False, log_samples=0, lr=3e-3, ppo_epochs=1, num_minibatches=1, value_init="policy")
+                progress=False, log_samples=0, lr=3e-3, ppo_epochs=1, num_minibatches=1, value_init="policy",
+                value_loss_over_padding=False)
 
 # Adam divides each gradient by its own running size, so a weight whose gradient is nothing
 # but rounding moves by a good part of lr either way when adam_eps is below that rounding.

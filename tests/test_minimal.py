@@ -63,7 +63,7 @@ FIXED_BOTH = dict(task="arithmetic", model_path=None, warm_start_steps=None, top
                   target_kl=None, mask_truncated_responses=False, difficulty_filter=False, retire_mastered=False,
                   gradient_accumulation_steps=1, weight_decay=0.0, warmup_steps=0, lr_schedule="linear",
                   disable_dropout=True, lora_r=0, mixed_precision="no", model_dtype="float32",
-                  reward_model_path=None)
+                  reward_model_path=None, value_loss_over_padding=False, score_position="last_token")
 
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])

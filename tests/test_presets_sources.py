@@ -19,8 +19,8 @@ from gae import estimate_advantages, whiten
 from ppo.buffer import accumulation_weights
 from ppo.config import PRESETS, TESTBED_ADJUSTMENTS, TESTBED_SCALE, PPOConfig, preset
 from ppo.kl import kl_penalty
-from ppo.losses import aggregate, policy_loss, token_loss_weights, value_loss
-from ppo.rewards import apply_missing_eos, shape_rewards, whiten_rewards, whitening_gae_mask
+from ppo.losses import aggregate, critic_loss_mask, policy_loss, token_loss_weights, value_loss
+from ppo.rewards import apply_missing_eos, score_positions, shape_rewards, whiten_rewards, whitening_gae_mask
 from ppo.rollout import Rollout, pad_to_width
 
 PRESETS_DOC = Path(__file__).resolve().parent.parent / "docs" / "presets.md"
@@ -152,6 +152,60 @@ def test_alpacafarm_preset_equals_alpacafarm_math_over_the_padded_width():
     torch.testing.assert_close(loss.detach() + padding_term, ref_loss, **close)
 
 
+def test_alpacafarm_critic_loss_equals_alpacafarm_over_the_padded_width():
+    """value_loss_over_padding: the critic's values on padding enter GAE over every column,
+    and its clipped loss is a mean over the whole padded [B, response_len] tensor."""
+    cfg = preset("alpacafarm", testbed=True, response_length=WIDTH)
+    assert cfg.value_loss_over_padding
+    mask, logprobs, ref_logprobs, _, new_logprobs, scores = ragged_batch(WIDTH)
+    torch.manual_seed(2)
+    values = torch.randn(B, WIDTH)  # the old critic's values, padding included
+    vpred = values + 0.5 * torch.randn(B, WIDTH)  # the update's, padding included
+    assert (values * (1 - mask)).abs().sum() > 0
+    # The project's phases 5-7 as the trainer runs them under this config.
+    kl = kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator, cfg.kl_clip_at_zero) * mask
+    token_rewards = whiten_rewards(shape_rewards(scores, kl, mask, cfg.kl_coef), mask, cfg.reward_whitening_mode)
+    gae_mask = torch.ones_like(mask) if cfg.value_loss_over_padding else whitening_gae_mask(mask, "alpacafarm")
+    _, returns = estimate_advantages("gae", token_rewards=token_rewards, response_mask=gae_mask, values=values,
+                                     gamma=cfg.gamma, lam=cfg.lam)
+    new_values = vpred.clone().requires_grad_(True)
+    critic_mask = critic_loss_mask(mask, cfg.value_loss_over_padding, cfg.score_position)
+    vf, _ = value_loss(new_values, values, returns, critic_mask, clip_range_value=cfg.cliprange_value)
+    vf.backward()
+
+    _, _, ref_returns, _, _ = alpacafarm_reference(scores, logprobs, ref_logprobs, values, new_logprobs,
+                                                   cfg.kl_coef, cfg.cliprange, WIDTH)
+    theirs = vpred.clone().requires_grad_(True)
+    clipped = torch.clamp(theirs, min=values - cfg.cliprange_value, max=values + cfg.cliprange_value)
+    ref_vf = 0.5 * torch.maximum((theirs - ref_returns) ** 2.0, (clipped - ref_returns) ** 2.0).mean()
+    ref_vf.backward()
+    close = dict(atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(returns, ref_returns, **close)  # padding columns included
+    torch.testing.assert_close(vf.detach(), ref_vf.detach(), **close)
+    torch.testing.assert_close(new_values.grad, theirs.grad, **close)
+    assert (new_values.grad * (1 - mask)).abs().sum() > 0  # padding trains the critic
+    # Off, the critic sees the real tokens only and the loss differs.
+    masked, _ = value_loss(vpred, values, returns, mask, clip_range_value=cfg.cliprange_value)
+    assert abs(float(masked) - float(ref_vf.detach())) > 1e-3
+
+
+def test_critic_loss_on_padding_is_exact_for_1_vs_4_micro_batches():
+    """Token shares over the critic's own mask make accumulation exact for it too."""
+    mask = ragged_batch(WIDTH)[0]
+    mask[5] = 0  # a row left out of the loss (filtered) stays out of the critic's
+    torch.manual_seed(3)
+    values, returns, vpred = torch.randn(B, WIDTH), torch.randn(B, WIDTH), torch.randn(B, WIDTH)
+    critic = critic_loss_mask(mask, over_padding=True)
+    assert critic[5].sum() == 0 and critic[0].sum() == WIDTH
+    whole, _ = value_loss(vpred, values, returns, critic, clip_range_value=0.2)
+    parts = [slice(0, 2), slice(2, 4), slice(4, 6), slice(6, 8)]
+    _, weights = accumulation_weights([mask[p] for p in parts], "seq_mean_token_sum_norm",
+                                      value_masks=[critic[p] for p in parts])
+    accumulated = sum(w * value_loss(vpred[p], values[p], returns[p], critic[p], clip_range_value=0.2)[0]
+                      for w, p in zip(weights, parts))
+    torch.testing.assert_close(accumulated, whole)
+
+
 def test_padding_width_changes_alpacafarm_whitening():
     """The same batch at the batch's own width and padded: AlpacaFarm's returns depend on it."""
     mask, _, _, _, _, scores = ragged_batch(WIDTH)
@@ -243,6 +297,93 @@ def test_trl_ppo_preset_equals_trl_step_math():
     close = dict(atol=1e-5, rtol=1e-5)
     for ours, theirs in zip((advantages, returns, pg.detach(), vf.detach(), new_lp.grad, new_v.grad), ref):
         torch.testing.assert_close(ours, theirs, **close)
+
+
+def trl_reference_with_stop(scores, lengths, logprobs, ref_logprobs, values, new_logprobs, new_values, cfg):
+    """TRL's PPOTrainer step with `stop_token="eos"` on responses of `lengths` tokens (the
+    stop token included; a response that fills the width has none), written from
+    trl/trainer/ppo_trainer.py L494-586 and utils.py `first_true_indices`."""
+    rows, width = logprobs.shape
+    invalid = 1.0  # INVALID_LOGPROB
+    index = torch.arange(width).repeat(rows, 1)
+    sequence_lengths = lengths - 1  # first_true_indices(response == pad) - 1: the last real token
+    padding_mask = index > sequence_lengths[:, None]
+    padding_mask_p1 = index > (sequence_lengths + 1)[:, None]
+    logprobs = logprobs.masked_fill(padding_mask, invalid)
+    ref_logprobs = ref_logprobs.masked_fill(padding_mask, invalid)
+    values = values.masked_fill(padding_mask_p1, 0)
+    scores = scores.clone()
+    contain_eos = lengths < width  # every shorter response ends with its stop token here
+    scores[~contain_eos] -= cfg.missing_eos_penalty
+    rewards = -cfg.kl_coef * (logprobs - ref_logprobs)
+    actual_end = torch.where(sequence_lengths + 1 < width, sequence_lengths + 1, sequence_lengths)
+    rewards[torch.arange(rows), actual_end] += scores
+    advantages = torch.zeros_like(rewards)
+    last = torch.zeros(rows)
+    for t in reversed(range(width)):
+        next_values = values[:, t + 1] if t < width - 1 else torch.zeros(rows)
+        last = rewards[:, t] + cfg.gamma * next_values - values[:, t] + cfg.gamma * cfg.lam * last
+        advantages[:, t] = last
+    returns = advantages + values
+    real = ~padding_mask
+    flat = advantages[real].double()
+    # Population variance here; TRL's masked_var is the sample variance (docs/presets.md).
+    advantages = ((advantages.double() - flat.mean()) * torch.rsqrt(flat.var(unbiased=False) + 1e-8)).float()
+    advantages = advantages.masked_fill(padding_mask, 0)
+    new_logprobs = new_logprobs.clone().requires_grad_(True)
+    new_values = new_values.clone().requires_grad_(True)
+    vpred = new_values.masked_fill(padding_mask_p1, 0)
+    clipped = torch.clamp(vpred, values - cfg.cliprange_value, values + cfg.cliprange_value)
+    vf_max = torch.max((vpred - returns) ** 2, (clipped - returns) ** 2)
+    vf_loss = 0.5 * vf_max[~padding_mask_p1].mean()
+    ratio = torch.exp(new_logprobs.masked_fill(padding_mask, invalid) - logprobs)
+    pg_max = torch.max(-advantages * ratio, -advantages * torch.clamp(ratio, 1 - cfg.cliprange, 1 + cfg.cliprange))
+    pg_loss = pg_max[real].mean()
+    (pg_loss + cfg.vf_coef * vf_loss).backward()
+    return advantages, returns, pg_loss.detach(), vf_loss.detach(), new_logprobs.grad, new_values.grad
+
+
+def test_trl_ppo_score_after_the_stop_token_equals_trl():
+    """score_position="after_last_token": TRL puts the score one column after the stop
+    token (where the width has one), and its critic values and is trained on that column."""
+    cfg = preset("trl_ppo", testbed=True, response_length=WIDTH)
+    assert cfg.score_position == "after_last_token" and cfg.stop_token_ids is None  # the testbed's EOS stop
+    lengths = torch.tensor([3, 7, 1, 5, WIDTH, 2, 6, WIDTH - 1])  # one fills the width, one ends on its last-but-one
+    mask = (torch.arange(WIDTH)[None, :] < lengths[:, None]).float()
+    torch.manual_seed(4)
+    logprobs, ref_logprobs = -torch.rand(B, WIDTH) * mask, -torch.rand(B, WIDTH) * mask
+    values, new_values = torch.randn(B, WIDTH), torch.randn(B, WIDTH)
+    new_logprobs = (logprobs + 0.4 * torch.randn(B, WIDTH)) * mask
+    scores = torch.randn(B)
+
+    kl = kl_penalty(logprobs, ref_logprobs, cfg.kl_estimator, cfg.kl_clip_at_zero) * mask
+    adjusted = apply_missing_eos(scores, lengths < WIDTH, cfg.missing_eos, cfg.missing_eos_penalty)
+    token_rewards = shape_rewards(adjusted, kl, mask, cfg.kl_coef, score_position=cfg.score_position)
+    reward_mask = score_positions(mask, cfg.score_position)
+    old_values = values * reward_mask  # ForwardPasses.values: the critic's positions
+    advantages, returns = estimate_advantages("gae", token_rewards=token_rewards, response_mask=reward_mask,
+                                              values=old_values, gamma=cfg.gamma, lam=cfg.lam)
+    advantages = whiten(advantages, mask)
+    new_lp, new_v = new_logprobs.clone().requires_grad_(True), new_values.clone().requires_grad_(True)
+    pg, _ = policy_loss(new_lp, logprobs, advantages, mask, clip_low=cfg.cliprange, loss_agg=cfg.loss_agg)
+    vf, _ = value_loss(new_v, old_values, returns, critic_loss_mask(mask, cfg.value_loss_over_padding,
+                                                                     cfg.score_position),
+                       clip_range_value=cfg.cliprange_value)
+    (pg + cfg.vf_coef * vf).backward()
+
+    ref = trl_reference_with_stop(scores, lengths, logprobs, ref_logprobs, values, new_logprobs, new_values, cfg)
+    close = dict(atol=1e-5, rtol=1e-5)
+    ours = (advantages * mask, returns, pg.detach(), vf.detach(), new_lp.grad, new_v.grad)
+    for name, a, b in zip(("advantages", "returns", "pg_loss", "vf_loss", "logprob grad", "value grad"), ours, ref):
+        torch.testing.assert_close(a, b, **close, msg=name)
+    # The score sits after the stop token, on the last token only where the width ends.
+    assert token_rewards[0, 3] - (-cfg.kl_coef * kl[0, 3]) == pytest.approx(float(adjusted[0]))
+    assert token_rewards[4, WIDTH - 1] - (-cfg.kl_coef * kl[4, WIDTH - 1]) == pytest.approx(float(adjusted[4]))
+    # With the score on the last token instead, TRL's returns are not reproduced.
+    last = shape_rewards(adjusted, kl, mask, cfg.kl_coef)
+    _, last_returns = estimate_advantages("gae", token_rewards=last, response_mask=mask, values=values * mask,
+                                          gamma=cfg.gamma, lam=cfg.lam)
+    assert not torch.allclose(last_returns * mask, ref[1] * mask, atol=1e-3)
 
 
 # ------------------------------------------------------------------ seq_mean_token_sum

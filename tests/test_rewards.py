@@ -10,6 +10,7 @@ from ppo.rewards import (
     group_kimi_length_reward,
     kimi_length_reward,
     length_reward_weight,
+    score_positions,
     shape_rewards,
     whiten_rewards,
 )
@@ -81,6 +82,21 @@ def test_shape_rewards_ignores_inf_kl_on_padding():
         torch.tensor([1.0]), torch.tensor([[0.0, float("inf")]]), torch.tensor([[1, 0]]), kl_coef=0.1
     )
     assert rewards.tolist() == [[1.0, 0.0]]
+
+
+def test_score_after_the_last_token_as_trl_puts_it():
+    """score_position='after_last_token': the score moves one column past the last real
+    token, unless the response fills the width; the KL stays on the real tokens."""
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1]])
+    kl = torch.tensor([[0.5, 1.0, 7.0, 7.0], [1.0, 1.0, 1.0, 1.0]])  # 7.0 sits on padding
+    scores = torch.tensor([2.0, 4.0])
+    rewards = shape_rewards(scores, kl, mask, kl_coef=0.5, score_position="after_last_token")
+    assert rewards.tolist() == [[-0.25, -0.5, 2.0, 0.0], [-0.5, -0.5, -0.5, 3.5]]
+    assert shape_rewards(scores, kl, mask, 0.5).tolist() == [[-0.25, 1.5, 0.0, 0.0], [-0.5, -0.5, -0.5, 3.5]]
+    assert score_positions(mask, "after_last_token").tolist() == [[1, 1, 1, 0], [1, 1, 1, 1]]
+    assert torch.equal(score_positions(mask, "last_token"), mask)
+    with pytest.raises(ValueError, match="score_position"):
+        shape_rewards(scores, kl, mask, 0.5, score_position="first_token")
 
 
 def test_shape_rewards_rejects_empty_row():

@@ -23,7 +23,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from . import config_checks
 from .presets import PRESETS, TESTBED_ADJUSTMENTS, TESTBED_SCALE, preset  # re-exported: public API
 
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "abs")
@@ -245,198 +245,12 @@ class PPOConfig:
         self.validate()
 
     def _coerce_types(self) -> None:
-        """Accept numbers written as strings (YAML reads ``1e-5`` as a string) and ints for
-        floats; anything else of the wrong type is an error naming the field."""
-        for f in fields(self):
-            value, kind = getattr(self, f.name), str(f.type)
-            if value is None:
-                if "None" not in kind:
-                    raise ValueError(f"PPOConfig.{f.name}: may not be None")
-                continue
-            base = kind.split("|")[0].strip()
-            if base == "str" and isinstance(value, bool):
-                # YAML 1.1 (and so the CLI and config files) reads a bare `no` / `off` as
-                # False: `--mixed-precision no` must mean the string "no".
-                value = "no" if value is False else "yes"
-                setattr(self, f.name, value)
-            if base == "list[int]" and isinstance(value, int) and not isinstance(value, bool):
-                setattr(self, f.name, [value])  # `--stop-token-ids 2`
-            try:
-                if base == "float" and not isinstance(value, bool) and isinstance(value, (int, float, str)):
-                    setattr(self, f.name, float(value))
-                elif base == "int" and isinstance(value, str):
-                    setattr(self, f.name, int(value))
-                elif base == "bool" and isinstance(value, str) and value.lower() in ("true", "false"):
-                    setattr(self, f.name, value.lower() == "true")
-            except ValueError:
-                raise ValueError(f"PPOConfig.{f.name}: expected {base}, got {value!r}") from None
-            value = getattr(self, f.name)
-            expected = {"float": float, "int": int, "bool": bool, "str": str}.get(base)
-            if expected and (not isinstance(value, expected) or (expected is int and isinstance(value, bool))):
-                raise ValueError(f"PPOConfig.{f.name}: expected {base}, got {value!r}")
-            # One rule for every float field: NaN slips through every `< 0` / `> 0` check
-            # (comparisons with NaN are False) and inf overflows the update; neither is a setting.
-            if expected is float and not math.isfinite(value):
-                raise ValueError(f"PPOConfig.{f.name}: must be a finite number, got {value!r}")
+        config_checks.coerce_types(self)
 
     # -- validation ----------------------------------------------------------------------
     def validate(self) -> None:
-        """Raise ValueError naming the field for any inconsistent setting."""
-
-        def bad(name: str, message: str):
-            raise ValueError(f"PPOConfig.{name}: {message} (got {getattr(self, name)!r})")
-
-        def choice(name: str, options):
-            if getattr(self, name) not in options:
-                bad(name, f"must be one of {list(options)}")
-
-        for name in ("total_steps", "rollout_batch_size", "group_size", "response_length", "ppo_epochs",
-                     "num_minibatches", "gradient_accumulation_steps", "threads", "kl_horizon",
-                     "dynamic_sampling_max_rounds"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
-                bad(name, "must be a positive integer")
-        if self.critic_warmup_steps < 0:
-            bad("critic_warmup_steps", "must be >= 0")
-        if self.critic_warmup_steps and not self.uses_value_model:
-            bad("critic_warmup_steps", "warms up a critic: needs advantage_estimator='gae'")
-        if self.lam_critic is not None and not 0.0 <= self.lam_critic <= 1.0:
-            bad("lam_critic", "must be in [0, 1] or None")
-        if self.lam_length_alpha is not None and not self.lam_length_alpha > 0:
-            bad("lam_length_alpha", "must be > 0 or None")
-        if self.value_init == "pretrained" and not self.value_init_path:
-            bad("value_init_path", "is required for value_init='pretrained' (python -m ppo.value_pretrain writes one)")
-        if self.compile_forward and not self.lean_forward:
-            bad("compile_forward", "compiles the lean forward: needs lean_forward=True")
-        for name in ("gamma", "lam"):
-            if not 0.0 <= getattr(self, name) <= 1.0:
-                bad(name, "must be in [0, 1]")
-        for name in ("temperature", "lr", "adam_eps", "cliprange", "kl_target"):
-            if not getattr(self, name) > 0:
-                bad(name, "must be > 0")
-        for name in ("kl_coef", "vf_coef", "entropy_coef", "weight_decay", "length_reward_coef", "format_reward_coef", "grpo_eps",
-                     "missing_eos_penalty"):
-            if getattr(self, name) < 0:
-                bad(name, "must be >= 0")
-        for name in ("cliprange_high", "cliprange_value", "reward_clip", "max_grad_norm", "target_kl", "value_lr"):
-            value = getattr(self, name)
-            if value is not None and not value > 0:
-                bad(name, "must be > 0 or None")
-        for name in ("adam_beta1", "adam_beta2"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                bad(name, "must be in [0, 1)")
-        if self.dual_clip is not None and not self.dual_clip > 1.0:
-            bad("dual_clip", "must be > 1 or None")
-        self._validate_policy_loss(bad)
-        if not 0.0 < self.top_p <= 1.0:
-            bad("top_p", "must be in (0, 1]")
-        if self.top_k < 0:
-            bad("top_k", "must be >= 0 (0 = off)")
-        if not 0 <= self.seed <= MAX_SEED:
-            bad("seed", f"must be in [0, {MAX_SEED}] (torch's generators take a 64-bit seed)")
-        if self.warm_start_steps is not None and self.warm_start_steps < 1:
-            bad("warm_start_steps", "must be a positive integer or None")
-        for name in ("warmup_steps", "length_reward_warmup_steps", "eval_every", "save_every", "log_samples", "keep_checkpoints"):
-            if getattr(self, name) < 0:
-                bad(name, "must be >= 0")
-        if self.eval_size is not None and self.eval_size < 1:
-            bad("eval_size", "must be a positive integer or None")
-        choice("task", ("arithmetic", "preference", "gsm8k", "custom"))
-        choice("gsm8k_answer_mode", GSM8K_ANSWER_MODES)
-        if self.task == "preference" and not self.reward_model_path:
-            bad("reward_model_path", "is required for task='preference' (RLHF trains against a reward model)")
-        choice("kl_estimator", KL_ESTIMATOR_NAMES)
-        choice("kl_placement", ("reward", "loss"))
-        choice("advantage_estimator", ADVANTAGE_ESTIMATOR_NAMES)
-        choice("grpo_scale", ("group", "batch", "none"))
-        choice("loss_agg", LOSS_AGG_NAMES)
-        choice("missing_eos", ("none", "penalty", "replace"))
-        choice("nonfinite_rewards", ("stop", "drop"))
-        choice("value_init", ("reward_model", "reward_model_head", "policy", "random", "pretrained"))
-        choice("lr_schedule", ("linear", "constant"))
-        choice("reward_whitening_mode", REWARD_WHITENING_MODES)
-        choice("score_position", SCORE_POSITIONS)
-        if self.score_position != "last_token" and self.advantage_estimator != "gae":
-            bad("score_position", "places the score past the last token for the critic: needs advantage_estimator='gae'")
-        if self.value_loss_over_padding and not self.pad_to_response_length:
-            bad("value_loss_over_padding", "trains the critic on the padding of a fixed-width batch: needs "
-                "pad_to_response_length=True (AlpacaFarm pads every batch to response_len)")
-        choice("kl_controller", KL_CONTROLLER_NAMES)
-        choice("difficulty_filter_mode", DIFFICULTY_FILTER_MODES)
-        if self.grpo_std_correction not in (0, 1):
-            bad("grpo_std_correction", "must be 0 (population std) or 1 (sample std)")
-        if self.reward_model_path and (self.difficulty_filter or self.retire_mastered or self.length_reward_coef > 0):
-            # The task's verdict is the hidden gold in RLHF: training may see only the proxy.
-            name = ("difficulty_filter" if self.difficulty_filter else
-                    "retire_mastered" if self.retire_mastered else "length_reward_coef")
-            bad(name, "uses the task's correctness verdict, which is the hidden gold reward when "
-                "reward_model_path is set (RLHF trains on the reward model only); turn it off")
-        choice("device", ("auto", "cpu", "cuda"))
-        choice("mixed_precision", ("no", "fp16", "bf16"))
-        if self.rollout_batch_size % self.group_size:
-            bad("rollout_batch_size", f"must be divisible by group_size ({self.group_size})")
-        if self.rollout_batch_size % self.num_minibatches:
-            bad("rollout_batch_size", f"must be divisible by num_minibatches ({self.num_minibatches})")
-        if self.minibatch_size % self.gradient_accumulation_steps:
-            bad("gradient_accumulation_steps",
-                f"must divide the minibatch size ({self.minibatch_size} = rollout_batch_size / num_minibatches)")
-        if self.advantage_estimator in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline") and self.group_size < 2:
-            bad("group_size", f"must be >= 2 for advantage_estimator={self.advantage_estimator!r}")
-        if not 0.0 <= self.filter_min_pass_rate < self.filter_max_pass_rate <= 1.0:
-            bad("filter_min_pass_rate", f"need 0 <= filter_min_pass_rate < filter_max_pass_rate "
-                f"({self.filter_max_pass_rate}) <= 1")
-        if (self.difficulty_filter or self.retire_mastered) and self.group_size < 2:
-            bad("group_size", "must be >= 2 for difficulty_filter / retire_mastered (pass rates come from groups)")
-        if self.length_reward_coef > 0 and self.group_size < 2:
-            bad("length_reward_coef", "needs group_size >= 2 (the length reward compares a group's responses)")
-        if self.task == "gsm8k" and not self.task_path:
-            bad("task_path", "is required for task='gsm8k'")
-        choice("model_dtype", ("float32", "bfloat16", "float16", "auto"))
-        if self.attn_implementation is not None and not self.attn_implementation.strip():
-            bad("attn_implementation", "must be a kernel name or None")
-        if self.stop_token_ids is not None:
-            if (not isinstance(self.stop_token_ids, list)
-                    or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.stop_token_ids)):
-                bad("stop_token_ids", "must be a list of token ids (integers >= 0; [] = no stop token) or None")
-        if self.max_prompt_length is not None and self.max_prompt_length < 2:
-            bad("max_prompt_length", "must be an integer >= 2 (BOS and one token) or None")
-        choice("prompt_truncation", ("left", "right", "error"))
-        if self.lora_r < 0:
-            bad("lora_r", "must be >= 0 (0 = full fine-tuning)")
-        if not self.lora_alpha > 0:
-            bad("lora_alpha", "must be > 0")
-        if not self.lora_target_modules.strip() or self.lora_target_modules.strip(" ,") == "":
-            bad("lora_target_modules", "must be 'all-linear' or comma-separated module names")
-        if self.lora_critic and self.lora_r == 0:
-            bad("lora_critic", "needs lora_r > 0 (the critic's adapters use the policy's rank and alpha)")
-
-    def _validate_policy_loss(self, bad) -> None:
-        """The policy-loss fields, and the combinations a loss has no use for."""
-        from .policy_losses import POLICY_LOSSES, SEQUENCE_LEVEL_LOSSES
-
-        if self.policy_loss not in POLICY_LOSSES:
-            bad("policy_loss", f"must be one of {sorted(POLICY_LOSSES)}")
-        if self.dual_clip is not None and self.policy_loss != "vanilla":
-            bad("dual_clip", f"caps the per-token clipped surrogate of policy_loss='vanilla'; "
-                f"policy_loss={self.policy_loss!r} has no such term: set dual_clip=None")
-        if self.cliprange_high is not None and self.policy_loss == "kl_cov":
-            bad("cliprange_high", "policy_loss='kl_cov' does not clip the ratio (its KL penalty replaces the clip): "
-                "set cliprange_high=None")
-        if self.top_entropy_quantile < 1.0 and self.policy_loss in SEQUENCE_LEVEL_LOSSES:
-            bad("top_entropy_quantile", f"masks single tokens, but policy_loss={self.policy_loss!r} has one ratio "
-                "and one loss per sequence, whose gradient reaches every token: use 1.0, or 'gspo_token'")
-        if not 0.0 <= self.top_entropy_quantile <= 1.0:
-            bad("top_entropy_quantile", "must be in [0, 1] (1 = every token)")
-        if not 0.0 < self.cov_fraction <= 1.0:
-            bad("cov_fraction", "must be in (0, 1]")
-        if not self.clip_cov_low < self.clip_cov_high:
-            bad("clip_cov_low", f"must be below clip_cov_high ({self.clip_cov_high})")
-        for name in ("kl_cov_coef", "entropy_coef_step", "overlong_penalty_factor"):
-            if getattr(self, name) < 0:
-                bad(name, "must be >= 0")
-        if self.entropy_target is not None and not self.entropy_target > 0:
-            bad("entropy_target", "must be > 0 or None")
-        if not 0 <= self.overlong_buffer_length < self.response_length:
-            bad("overlong_buffer_length", f"must be in [0, response_length) = [0, {self.response_length})")
+        """Raise ValueError naming the field for any inconsistent setting (ppo/config_checks.py)."""
+        config_checks.validate(self)
 
     def validate_for_run(self) -> None:
         """Checks that only matter when a run starts (a preset may name a reward model that

@@ -25,7 +25,6 @@ explained variance per epoch.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import fcntl
 import hashlib

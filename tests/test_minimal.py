@@ -63,7 +63,11 @@ FIXED_BOTH = dict(task="arithmetic", model_path=None, warm_start_steps=None, top
                   target_kl=None, mask_truncated_responses=False, difficulty_filter=False, retire_mastered=False,
                   gradient_accumulation_steps=1, weight_decay=0.0, warmup_steps=0, lr_schedule="linear",
                   disable_dropout=True, lora_r=0, mixed_precision="no", model_dtype="float32",
-                  reward_model_path=None, value_loss_over_padding=False, score_position="last_token")
+                  reward_model_path=None, value_loss_over_padding=False, score_position="last_token",
+                  policy_loss="vanilla", top_entropy_quantile=1.0, entropy_target=None, overlong_buffer_length=0,
+                  critic_warmup_steps=0, lam_critic=None, lam_length_alpha=None, pad_to_response_length=False,
+                  whiten_advantages_over_padding=False, adam_beta1=0.9, adam_beta2=0.999,  # torch's AdamW betas
+                  split_special_tokens=False)
 
 
 @pytest.mark.parametrize("algo", ["ppo", "grpo"])

@@ -24,6 +24,7 @@ import random
 import torch
 from einops import rearrange
 
+from . import distributed
 from .tasks.base import Problem
 
 
@@ -83,3 +84,9 @@ class PromptPool:
         newly = {p.prompt for p, rate in zip(problems, pass_rates.tolist()) if rate >= 1.0} - self.retired
         self.retired |= newly
         return len(newly)
+
+
+def gather_pass_rates(problems, pass_rates: torch.Tensor) -> tuple[list, torch.Tensor]:
+    """Every rank's (problem, group pass rate) pairs, so all ranks retire the same prompts."""
+    pairs = distributed.gather_objects(list(zip(problems, pass_rates.tolist())))
+    return [problem for problem, _ in pairs], torch.tensor([rate for _, rate in pairs])

@@ -216,3 +216,14 @@ def check_parameters(parameters: Sequence[torch.nn.Parameter], step: int) -> Non
     if distributed.any_rank(not finite):
         raise NonFiniteError(f"step {step}: the optimizer step made weights non-finite (learning rate too large?); "
                              "stopped before any checkpoint of them")
+
+
+def score_source(task, reward_model_path: str | None = None) -> str:
+    """What produced the sequence scores, for error messages: the reward model, the user's
+    reward_fn, or the task."""
+    if reward_model_path is not None:
+        return f"the reward model {reward_model_path}"
+    reward_fn = getattr(task, "reward_fn", None)
+    if reward_fn is not None:
+        return f"reward_fn {getattr(reward_fn, '__qualname__', type(reward_fn).__name__)}"
+    return f"task {getattr(task, 'name', type(task).__name__)}"

@@ -68,6 +68,12 @@ class Rollout:
     def __len__(self) -> int:
         return self.response_ids.shape[0]
 
+    def to(self, device) -> "Rollout":
+        """The batch's id, mask and stop tensors moved to `device` (in place; returns self)."""
+        for name in ("query_ids", "query_mask", "response_ids", "response_mask", "has_eos"):
+            setattr(self, name, getattr(self, name).to(device))
+        return self
+
 
 def truncate_after_stop(
     response_ids: torch.Tensor, stop_token_ids: list[int], pad_token_id: int

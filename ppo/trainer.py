@@ -38,7 +38,7 @@ from .buffer import ExperienceBuffer, accumulation_weights
 from .config import PPOConfig
 from .dynamic_sampling import ScoredBatch, sample_batch
 from .evaluation import score_batch
-from .filtering import PromptPool, group_pass_rates, keep_groups
+from .filtering import PromptPool, gather_pass_rates, group_pass_rates, keep_groups
 from .forward_passes import ForwardPasses, rollout_args
 from .kl import kl_penalty, make_kl_controller
 from .losses import critic_loss_mask, entropy_loss, kl_loss, value_loss
@@ -171,7 +171,7 @@ class RLTrainer:
                 kept = keep_groups(pass_rates, cfg.filter_min_pass_rate, cfg.filter_max_pass_rate)  # [prompts]
                 loss_mask = loss_mask * kept.repeat_interleave(cfg.group_size).float()[:, None]
             if cfg.retire_mastered:  # every rank retires what any rank mastered, in every round
-                self.prompt_pool.retire(*self._gather_pass_rates(batch.seen_problems, batch.seen_pass_rates))
+                self.prompt_pool.retire(*gather_pass_rates(batch.seen_problems, batch.seen_pass_rates))
 
         # ---- 7. update: epochs x shuffled minibatches x micro-batches ------------------
         tensors = dict(query_ids=rollout.query_ids, query_mask=rollout.query_mask, response_ids=rollout.response_ids,
@@ -370,24 +370,11 @@ class RLTrainer:
                 set_training(model, mode)
 
     def _to_device(self, rollout: Rollout) -> Rollout:
-        for name in ("query_ids", "query_mask", "response_ids", "response_mask", "has_eos"):
-            setattr(rollout, name, getattr(rollout, name).to(self.device))
-        return rollout
+        return rollout.to(self.device)
 
     def _score_source(self) -> str:
-        """What produced the sequence scores, for error messages."""
-        if self.reward_model is not None:
-            return f"the reward model {self.config.reward_model_path}"
-        reward_fn = getattr(self.task, "reward_fn", None)
-        if reward_fn is not None:
-            return f"reward_fn {getattr(reward_fn, '__qualname__', type(reward_fn).__name__)}"
-        return f"task {getattr(self.task, 'name', type(self.task).__name__)}"
-
-    @staticmethod
-    def _gather_pass_rates(problems, pass_rates: torch.Tensor) -> tuple[list, torch.Tensor]:
-        """Every rank's (problem, group pass rate) pairs, so all ranks retire the same prompts."""
-        pairs = distributed.gather_objects(list(zip(problems, pass_rates.tolist())))
-        return [problem for problem, _ in pairs], torch.tensor([rate for _, rate in pairs])
+        """What produced the sequence scores, for error messages (`ppo.guards.score_source`)."""
+        return guards.score_source(self.task, self.config.reward_model_path if self.reward_model is not None else None)
 
     def evaluate(self) -> dict:
         """Held-out metrics (`ppo.run_loop.evaluate`)."""

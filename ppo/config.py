@@ -33,7 +33,7 @@ import yaml
 from . import config_checks
 from .presets import PRESETS, TESTBED_ADJUSTMENTS, TESTBED_SCALE, preset  # re-exported: public API
 
-KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "abs")
+KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "abs", "k1+", "k3+", "full")  # ppo/kl.py
 ADVANTAGE_ESTIMATOR_NAMES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce", "rft", "reinforce_plus_plus",
                              "reinforce_plus_plus_baseline", "remax")
 GSM8K_ANSWER_MODES = ("strict", "flexible")  # implemented in ppo/tasks/gsm8k.py `extract_answer`
@@ -146,8 +146,10 @@ class PPOConfig:
 
     # ------------------------------------------------------------------ KL to the reference
     kl_coef: float = _f(0.05, "KL coefficient beta; 0 skips the reference model entirely (AlpacaFarm 0.0067, TRL 0.05, DeepSeekMath 0.04).")
-    kl_estimator: str = _f("k1", "Per-token KL estimator: 'k1' = logp - ref, 'k2' = (logp - ref)^2 / 2, 'k3' = exp(ref - logp) - (ref - logp) - 1, or 'abs' (AlpacaFarm, TRL: k1; GRPO: k3).")
+    kl_estimator: str = _f("k1", "Per-token KL estimator: 'k1' = logp - ref, 'k2' = (logp - ref)^2 / 2, 'k3' = exp(ref - logp) - (ref - logp) - 1, 'abs', 'k1+' / 'k3+' (value of k1 / k3, gradient of k2; verl), or 'full' (exact over the vocabulary) (AlpacaFarm, TRL: k1; GRPO: k3).")
     kl_clip_at_zero: bool = _f(False, "Clamp the per-token KL estimate at 0, so a negative k1 estimate is never a reward; biased upward (AlpacaFarm _shape_reward).")
+    kl_loss_importance_weight: bool = _f(False, "With kl_placement='loss', weight each token's KL by pi / sg(pi_old), which makes k3's gradient unbiased (TRL use_bias_correction_kl, DeepSeek-V3.2; TRL default False).")
+    log_full_kl: bool = _f(False, "Log kl_full, the exact per-token KL over the whole vocabulary, every step even when kl_estimator is not 'full' (which always logs it); two extra passes.")
     kl_placement: str = _f("reward", "'reward': -beta*KL added to the per-token rewards (PPO, InstructGPT); 'loss': beta*KL added to the policy loss (GRPO).")
     adaptive_kl: bool = _f(False, "Adapt beta toward kl_target with the rule named by kl_controller (AlpacaFarm rlhf_ppo.sh and TRL: fixed).")
     kl_controller: str = _f("ziegler", "Adaptive rule: 'ziegler' (step scaled by samples / kl_horizon; Ziegler et al. 2019, TRL) or 'alpacafarm' (step scaled by kl_k_beta, once per RL step; AlpacaFarm kl_controller.py).")

@@ -207,3 +207,20 @@ def test_importance_weighted_kl_in_the_loop(tmp_path, tiny_model_dir):
     plain = run_steps(config, steps=1)
     weighted = run_steps(config.replace(kl_loss_importance_weight=True, output_dir=str(tmp_path / "v")), steps=1)
     assert weighted[0]["kl_loss"] == pytest.approx(plain[0]["kl_loss"], rel=1e-6, abs=1e-12)
+
+
+def test_the_gradient_study_on_the_pinned_warm_start():
+    """A small run of `python -m ablations.kl_gradient_study`: the exact expectations follow
+    the derivation (docs/derivations.md), whatever the Monte-Carlo noise."""
+    from ablations.kl_gradient_study import markdown_table, run_study
+
+    results = run_study(batches=8, groups=4, prompts=4, response_length=4)
+    on, off = results["on-policy"]["pairs"], results["off-policy"]["pairs"]
+    for pair in ("k1|reward", "k2|loss", "k1+|loss", "k3+|loss", "k3·IS|loss"):
+        cosine, error, _ = on[pair]["expected"]
+        assert cosine > 0.9999 and error < 1e-4, pair
+    assert on["k1|loss"]["expected"][2] < 1e-4  # zero expected gradient
+    assert on["k3|loss"]["expected"][1] > 0.05  # the reverse KL's gradient
+    assert off["k3·IS|loss"]["expected"][1] < 1e-4  # still exact off-policy
+    assert off["k2|loss"]["expected"][1] > 1e-3  # no longer exact
+    assert "`k3·IS` in the loss" in markdown_table(results, 8, 4)

@@ -512,3 +512,28 @@ register(
     [Variant("after_last_token", "trl_ppo"), Variant("last_token", "trl_ppo", {"score_position": "last_token"})],
     metric="accuracy", extra_metrics=("vf_loss", "value_error"),
 )
+
+# ---------------------------------------------------------------------- the KL's gradient (docs/derivations.md)
+_KL_IN_LOSS = {"kl_placement": "loss", "kl_clip_at_zero": False, "log_full_kl": True}
+register(
+    "kl_gradient_grpo",
+    "GRPO's KL in the loss: k3 follows the reverse KL's gradient; does an estimator with the right gradient "
+    "(k2, k3 weighted by pi/pi_old, straight-through k3+, the exact full KL) hold the true KL (kl_full) lower "
+    "at equal accuracy? k1 in the reward beside them.",
+    [Variant("k3", GRPO, {**_KL_IN_LOSS, "kl_estimator": "k3"}),
+     Variant("k3_is", GRPO, {**_KL_IN_LOSS, "kl_estimator": "k3", "kl_loss_importance_weight": True}),
+     Variant("k3_plus", GRPO, {**_KL_IN_LOSS, "kl_estimator": "k3+"}),
+     Variant("k2", GRPO, {**_KL_IN_LOSS, "kl_estimator": "k2"}),
+     Variant("full", GRPO, {**_KL_IN_LOSS, "kl_estimator": "full"}),
+     Variant("k1_reward", GRPO, {**_KL_IN_LOSS, "kl_placement": "reward", "kl_estimator": "k1"})],
+    metric="kl_full", extra_metrics=("accuracy", "kl"),
+)
+register(
+    "kl_gradient_ppo",
+    "PPO's KL in the reward: the sampled k1 against the exact per-token KL over the vocabulary (no noise in "
+    "the penalty), and against k2 in the loss, which has the same expected per-token gradient on-policy.",
+    [Variant("k1_reward", PPO, {**_KL_IN_LOSS, "kl_placement": "reward", "kl_estimator": "k1"}),
+     Variant("full_reward", PPO, {**_KL_IN_LOSS, "kl_placement": "reward", "kl_estimator": "full"}),
+     Variant("k2_loss", PPO, {**_KL_IN_LOSS, "kl_estimator": "k2"})],
+    metric="kl_full", extra_metrics=("accuracy", "kl"),
+)

@@ -537,3 +537,16 @@ register(
      Variant("k2_loss", PPO, {**_KL_IN_LOSS, "kl_estimator": "k2"})],
     metric="kl_full", extra_metrics=("accuracy", "kl"),
 )
+
+# ---------------------------------------------------------------------- the sampler-trainer mismatch
+_BF16_SAMPLING = {"sampling_precision": "bf16", "lean_forward": False, "log_rollout_mismatch": True}
+register(
+    "rollout_correction",
+    "Sampling under bf16 autocast while training in fp32: does truncated (sequence TIS) or masked (token MIS) "
+    "importance sampling by the sampler-trainer ratio change GRPO against leaving the mismatch alone?",
+    [Variant("none", GRPO, _BF16_SAMPLING),
+     Variant("sequence_tis", GRPO, {**_BF16_SAMPLING, "rollout_correction": "sequence_tis"}),
+     Variant("token_mis", GRPO, {**_BF16_SAMPLING, "rollout_correction": "token_mis"}),
+     Variant("fp32_sampling", GRPO, {**_BF16_SAMPLING, "sampling_precision": "fp32"})],
+    metric="accuracy", extra_metrics=("rollout_mismatch_kl", "rollout_ratio_max", "rollout_corrected_frac"),
+)

@@ -157,6 +157,13 @@ class PPOConfig:
     kl_target: float = _f(6.0, "Target sequence KL of the adaptive controller (Ziegler et al. 2019: 6.0).")
     kl_horizon: int = _f(10000, "Horizon, in samples, of the 'ziegler' controller (Ziegler et al. 2019: 10000).")
 
+    # ------------------------------------------------------------------ off-policy correction (ppo/rollout_correction.py)
+    rollout_correction: str = _f("none", "Correct the sampler-trainer log-prob mismatch: 'none', 'token_tis' / 'sequence_tis' (loss times min(ratio, cap)) or 'token_mis' / 'sequence_mis' (drop ratios outside [floor, cap]) (verl rollout_is / rollout_rs; IcePop).")
+    rollout_correction_cap: float = _f(2.0, "TIS truncation and the MIS band's upper edge for the trainer / sampler ratio (verl rollout_is_threshold 2.0).")
+    rollout_correction_floor: float = _f(0.5, "Lower edge of the MIS band (IcePop 0.5).")
+    sampling_precision: str = _f("fp32", "'fp32', or 'bf16' to sample under bf16 autocast while the trainer scores in fp32: a real mismatch to correct (arXiv 2510.26788).")
+    log_rollout_mismatch: bool = _f(False, "Log the sampler-trainer mismatch (rollout_mismatch_kl, rollout_ratio_min / max) every step without correcting it; on whenever rollout_correction is.")
+
     # ------------------------------------------------------------------ advantages
     advantage_estimator: str = _f("gae", "'gae' (PPO with a value model), or without one 'grpo', 'dr_grpo', 'rloo', 'reinforce', 'rft' (rejection-sampling fine-tuning on the kept samples), 'reinforce_plus_plus', 'reinforce_plus_plus_baseline' (REINFORCE++, arXiv 2501.03262) or 'remax' (greedy-response baseline, arXiv 2310.10505).")
     gamma: float = _f(1.0, "GAE discount (AlpacaFarm, TRL: 1.0).")

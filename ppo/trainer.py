@@ -33,7 +33,7 @@ import torch
 from gae import estimate_advantages, whiten
 from value_model.reward_model import last_token_scores
 
-from . import allocator, checkpoints, distributed, guards, run_loop
+from . import allocator, checkpoints, distributed, guards, rollout_correction, run_loop
 from .buffer import ExperienceBuffer, accumulation_weights
 from .config import PPOConfig
 from .dynamic_sampling import ScoredBatch, sample_batch
@@ -173,6 +173,10 @@ class RLTrainer:
             if cfg.retire_mastered:  # every rank retires what any rank mastered, in every round
                 self.prompt_pool.retire(*self._gather_pass_rates(batch.seen_problems, batch.seen_pass_rates))
 
+        # The sampler's log-probs against the trainer's: TIS / MIS (ppo/rollout_correction.py).
+        advantages, loss_mask, mismatch = rollout_correction.correct(cfg, rollout, old_logprobs, advantages, loss_mask,
+                                                                     self.passes.temperature)
+
         # ---- 7. update: epochs x shuffled minibatches x micro-batches ------------------
         tensors = dict(query_ids=rollout.query_ids, query_mask=rollout.query_mask, response_ids=rollout.response_ids,
                        response_mask=response_mask, loss_mask=loss_mask, old_logprobs=old_logprobs,
@@ -192,7 +196,7 @@ class RLTrainer:
         metrics = step_metrics(self, batch, buffer, token_rewards=token_rewards, kl=kl, kl_k1=kl_k1,
                                kl_sampling=kl_sampling, finite=finite, kept=kept,
                                scalars={"kl_coef": beta, "length_reward_coef": length_coef, **critic_stats,
-                                        **update_metrics, **self.passes.kl_metrics()})
+                                        **update_metrics, **self.passes.kl_metrics(), **mismatch})
         self.step += 1
         return metrics
 
@@ -316,10 +320,12 @@ class RLTrainer:
         """Phases 1-2 for one round: draw `n_prompts` prompts, sample G responses each, score them."""
         cfg = self.config
         problems = [p for p in self.prompt_pool.sample(n_prompts) for _ in range(cfg.group_size)]  # [B]
-        with self.timer("generate"):
+        precision = rollout_correction.sampling_autocast(cfg.sampling_precision, self.device, self.policy_module)
+        with self.timer("generate"), precision:  # bf16 sampling: a real sampler-trainer mismatch
             rollout = generate(self.policy_module, self.tokenizer, [p.prompt for p in problems], cfg.response_length,
                                temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                               return_logits=cfg.logprobs_from_generation, stop_token_ids=self.stop_token_ids,
+                               return_logits=cfg.logprobs_from_generation or rollout_correction.wants_sampler_logprobs(cfg),
+                               stop_token_ids=self.stop_token_ids,
                                max_prompt_length=self.max_prompt_length, prompt_truncation=cfg.prompt_truncation)
         rollout = self._to_device(rollout)
         texts = decode_responses(self.tokenizer, rollout)

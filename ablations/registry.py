@@ -550,3 +550,13 @@ register(
      Variant("fp32_sampling", GRPO, {**_BF16_SAMPLING, "sampling_precision": "fp32"})],
     metric="accuracy", extra_metrics=("rollout_mismatch_kl", "rollout_ratio_max", "rollout_corrected_frac"),
 )
+
+register(
+    "reference_refresh",
+    "A frozen reference, or one reset to the policy every 10 steps (slime / ProRL), or mixed toward it (TR-DPO, "
+    "TRL sync_ref_model): how do accuracy and the KL to the (moving) reference trade?",
+    [Variant("frozen", GRPO, {"log_full_kl": True}),
+     Variant("reset_10", GRPO, {"log_full_kl": True, "ref_update_every": 10}),
+     Variant("mix_0.6", GRPO, {"log_full_kl": True, "ref_update_every": 10, "ref_update_alpha": 0.6})],
+    metric="accuracy", extra_metrics=("kl_full", "kl"),
+)

@@ -156,6 +156,8 @@ class PPOConfig:
     kl_k_beta: float = _f(0.1, "Gain of the 'alpacafarm' controller (AlpacaFarm ppo_utils.py k_beta 0.1).")
     kl_target: float = _f(6.0, "Target sequence KL of the adaptive controller (Ziegler et al. 2019: 6.0).")
     kl_horizon: int = _f(10000, "Horizon, in samples, of the 'ziegler' controller (Ziegler et al. 2019: 10000).")
+    ref_update_every: int = _f(0, "Every this many steps move the reference toward the current policy; 0 = a frozen reference (slime / ProRL reference reset; TRL sync_ref_model, ref_model_sync_steps).")
+    ref_update_alpha: float = _f(1.0, "How far a refresh moves the reference: 1 = hard reset to the policy, below 1 = ref <- alpha * policy + (1 - alpha) * ref (TR-DPO; TRL ref_model_mixup_alpha 0.6).")
 
     # ------------------------------------------------------------------ off-policy correction (ppo/rollout_correction.py)
     rollout_correction: str = _f("none", "Correct the sampler-trainer log-prob mismatch: 'none', 'token_tis' / 'sequence_tis' (loss times min(ratio, cap)) or 'token_mis' / 'sequence_mis' (drop ratios outside [floor, cap]) (verl rollout_is / rollout_rs; IcePop).")

@@ -34,6 +34,9 @@ old and reference log-probs (`ppo.kl.kl_penalty`), and, for `kl_estimator="full"
 (`response_log_softmax`, two extra no-grad passes; with "full" in the loss, one more policy
 pass with autograd per micro-batch and the reference's ``[B, T, V]`` kept in the buffer).
 
+Reference refresh (`refresh_reference`, `ref_update_every` / `ref_update_alpha`): the frozen
+reference moved to (or toward) the current policy every so many steps.
+
 Each pass counts its wall time towards its phase (`time_policy_forward`, ...).
 """
 
@@ -191,6 +194,24 @@ class ForwardPasses:
             inputs["log_probs"] = response_log_softmax(self.policy, *args, temperature=self.temperature)
             inputs["ref_log_probs"] = micro["ref_log_probs_full"]
         return inputs
+
+    def refresh_reference(self, steps_done: int) -> bool:
+        """Move the reference toward the policy every `ref_update_every` steps: a hard reset
+        (`ref_update_alpha` 1; slime, ProRL) or TR-DPO's soft mix ``ref <- a * pi + (1 - a) * ref``
+        (TRL `SyncRefModelCallback`). Returns whether it moved."""
+        cfg = self.config
+        if not cfg.ref_update_every or self.ref_policy is None or steps_done % cfg.ref_update_every:
+            return False
+        if cfg.lora_r:
+            raise ValueError("PPOConfig.ref_update_every: with LoRA the reference is the base model itself")
+        policy = dict(getattr(self.policy, "module", self.policy).named_parameters())
+        with torch.no_grad():
+            for name, ref_param in getattr(self.ref_policy, "module", self.ref_policy).named_parameters():
+                source = policy[name]
+                if source.shape != ref_param.shape:
+                    raise ValueError(f"PPOConfig.ref_update_every: policy and reference differ at {name}")
+                ref_param.mul_(1.0 - cfg.ref_update_alpha).add_(source.to(ref_param.dtype), alpha=cfg.ref_update_alpha)
+        return True
 
     # -- phase 7: the update (autograd) ----------------------------------------------------
     def update(self, micro: dict) -> dict:

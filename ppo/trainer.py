@@ -192,6 +192,7 @@ class RLTrainer:
         self.kl_controller.update(distributed.global_mean(kl.sum(-1)), cfg.rollout_batch_size)  # mean sequence KL
         for scheduler in self.schedulers:
             scheduler.step()
+        self.passes.refresh_reference(self.step + 1)  # ref_update_every: reset or mix the reference (off by default)
 
         metrics = step_metrics(self, batch, buffer, token_rewards=token_rewards, kl=kl, kl_k1=kl_k1,
                                kl_sampling=kl_sampling, finite=finite, kept=kept,

@@ -224,3 +224,30 @@ def test_the_gradient_study_on_the_pinned_warm_start():
     assert off["k3·IS|loss"]["expected"][1] < 1e-4  # still exact off-policy
     assert off["k2|loss"]["expected"][1] > 1e-3  # no longer exact
     assert "`k3·IS` in the loss" in markdown_table(results, 8, 4)
+
+
+# ---- reference refresh ----------------------------------------------------------------------
+@pytest.mark.parametrize("alpha", [1.0, 0.25])
+def test_reference_refresh_resets_or_mixes(tmp_path, tiny_model_dir, alpha):
+    from ppo.config import preset
+    from ppo.trainer import RLTrainer
+
+    config = preset("grpo", task="custom", model_path=str(tiny_model_dir), output_dir=str(tmp_path / "r"),
+                    group_size=4, kl_coef=0.1, ref_update_every=2, ref_update_alpha=alpha, log_full_kl=True,
+                    **TINY)
+    trainer = RLTrainer(config, prompts=["1+1=", "2+3=", "9+9="], reward_fn=count_ones)
+
+    def weights(model):
+        return [p.detach().clone() for p in model.parameters()]
+
+    start = weights(trainer.ref_policy)
+    trainer.train_step()
+    assert all(torch.equal(a, b) for a, b in zip(start, weights(trainer.ref_policy)))  # step 1: not yet
+    trainer.train_step()
+    policy = weights(trainer.policy)
+    for before, after, now in zip(start, weights(trainer.ref_policy), policy):
+        assert torch.allclose(after, alpha * now + (1 - alpha) * before, atol=1e-6)
+    assert any(not torch.equal(a, b) for a, b in zip(start, policy))  # the policy did move
+    row = trainer.train_step()  # sampled from the policy the reference was just reset to
+    if alpha == 1.0:
+        assert row["kl_full"] == pytest.approx(0.0, abs=1e-6)

@@ -173,9 +173,8 @@ class RLTrainer:
             if cfg.retire_mastered:  # every rank retires what any rank mastered, in every round
                 self.prompt_pool.retire(*self._gather_pass_rates(batch.seen_problems, batch.seen_pass_rates))
 
-        # The sampler's log-probs against the trainer's: TIS / MIS (ppo/rollout_correction.py).
-        advantages, loss_mask, mismatch = rollout_correction.correct(cfg, rollout, old_logprobs, advantages, loss_mask,
-                                                                     self.passes.temperature)
+        advantages, loss_mask, mismatch = rollout_correction.correct(  # sampler vs trainer log-probs: TIS / MIS
+            cfg, rollout, old_logprobs, advantages, loss_mask, self.passes.temperature)
 
         # ---- 7. update: epochs x shuffled minibatches x micro-batches ------------------
         tensors = dict(query_ids=rollout.query_ids, query_mask=rollout.query_mask, response_ids=rollout.response_ids,

@@ -512,3 +512,51 @@ register(
     [Variant("after_last_token", "trl_ppo"), Variant("last_token", "trl_ppo", {"score_position": "last_token"})],
     metric="accuracy", extra_metrics=("vf_loss", "value_error"),
 )
+
+# ---------------------------------------------------------------------- the KL's gradient (docs/derivations.md)
+_KL_IN_LOSS = {"kl_placement": "loss", "kl_clip_at_zero": False, "log_full_kl": True}
+register(
+    "kl_gradient_grpo",
+    "GRPO's KL in the loss: k3 follows the reverse KL's gradient; does an estimator with the right gradient "
+    "(k2, k3 weighted by pi/pi_old, straight-through k3+, the exact full KL) hold the true KL (kl_full) lower "
+    "at equal accuracy? k1 in the reward beside them.",
+    [Variant("k3", GRPO, {**_KL_IN_LOSS, "kl_estimator": "k3"}),
+     Variant("k3_is", GRPO, {**_KL_IN_LOSS, "kl_estimator": "k3", "kl_loss_importance_weight": True}),
+     Variant("k3_plus", GRPO, {**_KL_IN_LOSS, "kl_estimator": "k3+"}),
+     Variant("k2", GRPO, {**_KL_IN_LOSS, "kl_estimator": "k2"}),
+     Variant("full", GRPO, {**_KL_IN_LOSS, "kl_estimator": "full"}),
+     Variant("k1_reward", GRPO, {**_KL_IN_LOSS, "kl_placement": "reward", "kl_estimator": "k1"})],
+    metric="kl_full", extra_metrics=("accuracy", "kl"),
+)
+register(
+    "kl_gradient_ppo",
+    "PPO's KL in the reward: the sampled k1 against the exact per-token KL over the vocabulary (no noise in "
+    "the penalty), and against k2 in the loss, which has the same expected per-token gradient on-policy.",
+    [Variant("k1_reward", PPO, {**_KL_IN_LOSS, "kl_placement": "reward", "kl_estimator": "k1"}),
+     Variant("full_reward", PPO, {**_KL_IN_LOSS, "kl_placement": "reward", "kl_estimator": "full"}),
+     Variant("k2_loss", PPO, {**_KL_IN_LOSS, "kl_estimator": "k2"})],
+    metric="kl_full", extra_metrics=("accuracy", "kl"),
+)
+
+# ---------------------------------------------------------------------- the sampler-trainer mismatch
+_BF16_SAMPLING = {"sampling_precision": "bf16", "lean_forward": False, "log_rollout_mismatch": True}
+register(
+    "rollout_correction",
+    "Sampling under bf16 autocast while training in fp32: does truncated (sequence TIS) or masked (token MIS) "
+    "importance sampling by the sampler-trainer ratio change GRPO against leaving the mismatch alone?",
+    [Variant("none", GRPO, _BF16_SAMPLING),
+     Variant("sequence_tis", GRPO, {**_BF16_SAMPLING, "rollout_correction": "sequence_tis"}),
+     Variant("token_mis", GRPO, {**_BF16_SAMPLING, "rollout_correction": "token_mis"}),
+     Variant("fp32_sampling", GRPO, {**_BF16_SAMPLING, "sampling_precision": "fp32"})],
+    metric="accuracy", extra_metrics=("rollout_mismatch_kl", "rollout_ratio_max", "rollout_corrected_frac"),
+)
+
+register(
+    "reference_refresh",
+    "A frozen reference, or one reset to the policy every 10 steps (slime / ProRL), or mixed toward it (TR-DPO, "
+    "TRL sync_ref_model): how do accuracy and the KL to the (moving) reference trade?",
+    [Variant("frozen", GRPO, {"log_full_kl": True}),
+     Variant("reset_10", GRPO, {"log_full_kl": True, "ref_update_every": 10}),
+     Variant("mix_0.6", GRPO, {"log_full_kl": True, "ref_update_every": 10, "ref_update_alpha": 0.6})],
+    metric="accuracy", extra_metrics=("kl_full", "kl"),
+)

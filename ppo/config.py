@@ -33,7 +33,7 @@ import yaml
 from . import config_checks
 from .presets import PRESETS, TESTBED_ADJUSTMENTS, TESTBED_SCALE, preset  # re-exported: public API
 
-KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "abs")
+KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "abs", "k1+", "k3+", "full")  # ppo/kl.py
 ADVANTAGE_ESTIMATOR_NAMES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce", "rft", "reinforce_plus_plus",
                              "reinforce_plus_plus_baseline", "remax")
 GSM8K_ANSWER_MODES = ("strict", "flexible")  # implemented in ppo/tasks/gsm8k.py `extract_answer`
@@ -146,14 +146,25 @@ class PPOConfig:
 
     # ------------------------------------------------------------------ KL to the reference
     kl_coef: float = _f(0.05, "KL coefficient beta; 0 skips the reference model entirely (AlpacaFarm 0.0067, TRL 0.05, DeepSeekMath 0.04).")
-    kl_estimator: str = _f("k1", "Per-token KL estimator: 'k1' = logp - ref, 'k2' = (logp - ref)^2 / 2, 'k3' = exp(ref - logp) - (ref - logp) - 1, or 'abs' (AlpacaFarm, TRL: k1; GRPO: k3).")
+    kl_estimator: str = _f("k1", "Per-token KL estimator: 'k1' = logp - ref, 'k2' = (logp - ref)^2 / 2, 'k3' = exp(ref - logp) - (ref - logp) - 1, 'abs', 'k1+' / 'k3+' (value of k1 / k3, gradient of k2; verl), or 'full' (exact over the vocabulary) (AlpacaFarm, TRL: k1; GRPO: k3).")
     kl_clip_at_zero: bool = _f(False, "Clamp the per-token KL estimate at 0, so a negative k1 estimate is never a reward; biased upward (AlpacaFarm _shape_reward).")
+    kl_loss_importance_weight: bool = _f(False, "With kl_placement='loss', weight each token's KL by pi / sg(pi_old), which makes k3's gradient unbiased (TRL use_bias_correction_kl, DeepSeek-V3.2; TRL default False).")
+    log_full_kl: bool = _f(False, "Log kl_full, the exact per-token KL over the whole vocabulary, every step even when kl_estimator is not 'full' (which always logs it); two extra passes.")
     kl_placement: str = _f("reward", "'reward': -beta*KL added to the per-token rewards (PPO, InstructGPT); 'loss': beta*KL added to the policy loss (GRPO).")
     adaptive_kl: bool = _f(False, "Adapt beta toward kl_target with the rule named by kl_controller (AlpacaFarm rlhf_ppo.sh and TRL: fixed).")
     kl_controller: str = _f("ziegler", "Adaptive rule: 'ziegler' (step scaled by samples / kl_horizon; Ziegler et al. 2019, TRL) or 'alpacafarm' (step scaled by kl_k_beta, once per RL step; AlpacaFarm kl_controller.py).")
     kl_k_beta: float = _f(0.1, "Gain of the 'alpacafarm' controller (AlpacaFarm ppo_utils.py k_beta 0.1).")
     kl_target: float = _f(6.0, "Target sequence KL of the adaptive controller (Ziegler et al. 2019: 6.0).")
     kl_horizon: int = _f(10000, "Horizon, in samples, of the 'ziegler' controller (Ziegler et al. 2019: 10000).")
+    ref_update_every: int = _f(0, "Every this many steps move the reference toward the current policy; 0 = a frozen reference (slime / ProRL reference reset; TRL sync_ref_model, ref_model_sync_steps).")
+    ref_update_alpha: float = _f(1.0, "How far a refresh moves the reference: 1 = hard reset to the policy, below 1 = ref <- alpha * policy + (1 - alpha) * ref (TR-DPO; TRL ref_model_mixup_alpha 0.6).")
+
+    # ------------------------------------------------------------------ off-policy correction (ppo/rollout_correction.py)
+    rollout_correction: str = _f("none", "Correct the sampler-trainer log-prob mismatch: 'none', 'token_tis' / 'sequence_tis' (loss times min(ratio, cap)) or 'token_mis' / 'sequence_mis' (drop ratios outside [floor, cap]) (verl rollout_is / rollout_rs; IcePop).")
+    rollout_correction_cap: float = _f(2.0, "TIS truncation and the MIS band's upper edge for the trainer / sampler ratio (verl rollout_is_threshold 2.0).")
+    rollout_correction_floor: float = _f(0.5, "Lower edge of the MIS band (IcePop 0.5).")
+    sampling_precision: str = _f("fp32", "'fp32', or 'bf16' to sample under bf16 autocast while the trainer scores in fp32: a real mismatch to correct (arXiv 2510.26788).")
+    log_rollout_mismatch: bool = _f(False, "Log the sampler-trainer mismatch (rollout_mismatch_kl, rollout_ratio_min / max) every step without correcting it; on whenever rollout_correction is.")
 
     # ------------------------------------------------------------------ advantages
     advantage_estimator: str = _f("gae", "'gae' (PPO with a value model), or without one 'grpo', 'dr_grpo', 'rloo', 'reinforce', 'rft' (rejection-sampling fine-tuning on the kept samples), 'reinforce_plus_plus', 'reinforce_plus_plus_baseline' (REINFORCE++, arXiv 2501.03262) or 'remax' (greedy-response baseline, arXiv 2310.10505).")

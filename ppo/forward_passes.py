@@ -28,6 +28,15 @@ The speed paths, each exact (a test compares it on and off) and each a `PPOConfi
   past the last token (TRL); either way the policy's passes are unchanged and the critic's
   update pass runs apart from the policy's (`_critic_values`).
 
+The KL to the reference (`kl_estimate`, `kl_loss_inputs`): the estimator in use from the
+old and reference log-probs (`ppo.kl.kl_penalty`), and, for `kl_estimator="full"` or
+`log_full_kl`, the exact KL over the vocabulary from both models' full log-softmax
+(`response_log_softmax`, two extra no-grad passes; with "full" in the loss, one more policy
+pass with autograd per micro-batch and the reference's ``[B, T, V]`` kept in the buffer).
+
+Reference refresh (`refresh_reference`, `ref_update_every` / `ref_update_alpha`): the frozen
+reference moved to (or toward) the current policy every so many steps.
+
 Each pass counts its wall time towards its phase (`time_policy_forward`, ...).
 """
 
@@ -36,9 +45,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
-from . import lean_forward
-from .logprobs import (logprobs_from_logits, padded_response_values, response_logprobs, response_logprobs_and_values,
+from . import distributed, lean_forward
+from .kl import full_kl, kl_penalty
+from .lean_forward import response_logits
+from .logprobs import (_pad_columns, _unpadded_inputs, logprobs_from_logits, padded_response_values, response_logprobs, response_logprobs_and_values,
                        response_values)
 from .policy import scoring_mode, set_training
 from .rewards import score_positions
@@ -48,6 +60,17 @@ from .rollout import Rollout
 def rollout_args(rollout: Rollout) -> tuple:
     """The four ``[B, ...]`` tensors every pass takes: query ids and mask, response ids and mask."""
     return rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.response_mask
+
+
+def response_log_softmax(model, query_ids, query_mask, response_ids, response_mask,
+                         temperature: float = 1.0) -> torch.Tensor:
+    """The full log-softmax at every response position, ``[B, T, V]`` (zeros on padding
+    columns past every row's end), with or without autograd as the caller's context says."""
+    width = response_ids.shape[1]
+    inputs, query_length, response_ids = _unpadded_inputs(query_ids, query_mask, response_ids, response_mask)
+    logits = response_logits(model, *inputs, query_length)  # [B, t, V]: position t predicts token t+1
+    log_probs = F.log_softmax(logits.float() / temperature, dim=-1)  # [B, t, V]
+    return F.pad(log_probs, (0, 0, 0, width - log_probs.shape[1]))  # [B, T, V]
 
 
 @dataclass
@@ -88,6 +111,8 @@ class ForwardPasses:
             config.reuse_update_forward and not config.logprobs_from_generation
             and not any(lean_forward.dropout_active(m) for m in (policy, value_model) if m is not None))
         self._reused: _ReusedForward | None = None
+        self.kl_full: torch.Tensor | None = None  # [B, T] exact per-token KL of this step, when measured
+        self.ref_log_probs_full: torch.Tensor | None = None  # [B, T, V] kept for "full" in the loss
 
     @property
     def temperature(self) -> float:
@@ -131,6 +156,62 @@ class ForwardPasses:
             return padded_response_values(self.value_model, query_ids, query_mask, response_ids, response_mask)
         critic_mask = score_positions(response_mask, self.config.score_position)
         return response_values(self.value_model, query_ids, query_mask, response_ids, critic_mask)
+
+    # -- phase 4: the KL to the reference ---------------------------------------------------
+    def kl_estimate(self, rollout: Rollout, old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor) -> torch.Tensor:
+        """Per-token KL to the reference by `kl_estimator`, ``[B, T]`` (unmasked). Measures
+        `kl_full` too when the estimator is "full" or `log_full_kl` asks for it."""
+        cfg = self.config
+        self.kl_full = self.ref_log_probs_full = None
+        if cfg.kl_estimator != "full" and not cfg.log_full_kl:
+            return kl_penalty(old_logprobs, ref_logprobs, cfg.kl_estimator, cfg.kl_clip_at_zero)
+        with torch.no_grad(), scoring_mode(self.policy, self.value_model), self.timer("reference_forward"):
+            args = rollout_args(rollout)
+            policy = response_log_softmax(self.policy, *args, temperature=self.temperature)  # [B, T, V]
+            reference = response_log_softmax(self.ref_policy, *args, temperature=self.temperature)  # [B, T, V]
+        self.kl_full = full_kl(policy, reference) * rollout.response_mask.float()  # [B, T]
+        if cfg.kl_estimator != "full":
+            return kl_penalty(old_logprobs, ref_logprobs, cfg.kl_estimator, cfg.kl_clip_at_zero)
+        if cfg.kl_placement == "loss":
+            self.ref_log_probs_full = reference
+        return self.kl_full.clamp(min=0.0) if cfg.kl_clip_at_zero else self.kl_full
+
+    def kl_metrics(self) -> dict[str, float]:
+        """``{"kl_full": mean sequence KL over the vocabulary}`` when measured this step, else {}."""
+        if self.kl_full is None:
+            return {}
+        return {"kl_full": float(distributed.global_mean(self.kl_full.sum(-1)))}
+
+    def kl_loss_inputs(self, micro: dict) -> dict:
+        """What `ppo.losses.kl_loss` needs beyond the sampled tokens' log-probs: the old
+        log-probs for the importance weight, the policy's full log-softmax (autograd) and the
+        reference's for "full"."""
+        cfg, inputs = self.config, {}
+        if cfg.kl_loss_importance_weight:
+            inputs["old_logprobs"] = micro["old_logprobs"]
+        if cfg.kl_estimator == "full":
+            args = tuple(micro[name] for name in ("query_ids", "query_mask", "response_ids", "response_mask"))
+            inputs["log_probs"] = response_log_softmax(self.policy, *args, temperature=self.temperature)
+            inputs["ref_log_probs"] = micro["ref_log_probs_full"]
+        return inputs
+
+    def refresh_reference(self, steps_done: int) -> bool:
+        """Move the reference toward the policy every `ref_update_every` steps: a hard reset
+        (`ref_update_alpha` 1; slime, ProRL) or TR-DPO's soft mix ``ref <- a * pi + (1 - a) * ref``
+        (TRL `SyncRefModelCallback`). Returns whether it moved."""
+        cfg = self.config
+        if not cfg.ref_update_every or self.ref_policy is None or steps_done % cfg.ref_update_every:
+            return False
+        if cfg.lora_r:
+            raise ValueError("PPOConfig.ref_update_every: with LoRA the reference is the base model itself")
+        policy = dict(getattr(self.policy, "module", self.policy).named_parameters())
+        with torch.no_grad():
+            for name, ref_param in getattr(self.ref_policy, "module", self.ref_policy).named_parameters():
+                source = policy[name]
+                if source.shape != ref_param.shape:
+                    raise ValueError(f"PPOConfig.ref_update_every: policy and reference differ at {name}")
+                ref_param.mul_(1.0 - cfg.ref_update_alpha).add_(source.to(ref_param.dtype), alpha=cfg.ref_update_alpha)
+        return True
 
     # -- phase 7: the update (autograd) ----------------------------------------------------
     def update(self, micro: dict) -> dict:

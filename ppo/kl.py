@@ -17,7 +17,21 @@ Implementation details that live here:
   - ``"k3"`` = ``exp(-log_ratio) + log_ratio - 1``: always >= 0 *and* unbiased; GRPO puts
     it in the loss (DeepSeekMath).
   - ``"abs"`` = ``|log_ratio|``: always >= 0, biased.
+  - ``"k1+"`` / ``"k3+"``: straight-through: the value of k1 / k3, the gradient of k2 (verl
+    `kl_penalty`, verl/trainer/ppo/core_algos.py). In the loss, k2's gradient
+    ``log_ratio * grad(logp)`` has the expectation of the true KL gradient under samples from
+    pi; k1's has expectation 0 and k3's is the gradient of the *reverse* KL(ref || pi).
+  - ``"full"`` (`full_kl`): the exact KL(pi || ref) over the whole vocabulary at each
+    position, from both models' full log-softmax: no sampling noise at all, but it needs
+    ``[B, T, V]`` log-probs of both models (cheap at the testbed's vocabulary, ~0.6 GB per
+    1k tokens in fp32 at a 150k vocabulary).
 
+- **Importance-weighted KL in the loss** (`importance_weighted_kl`,
+  `PPOConfig.kl_loss_importance_weight`): each token's estimate times
+  ``exp(logp - sg(old_logp))``, the ratio to the sampling policy with a detached denominator
+  (TRL GRPO `use_bias_correction_kl`, DeepSeek-V3.2). Its value equals the estimate
+  on-policy, but its gradient gains ``k3 * grad(logp)``, which makes k3's expected gradient
+  the true KL gradient, on-policy and off.
 - **Clip at zero** (`clip_at_zero=True`): clamp the per-token KL at 0 before it is used
   (AlpacaFarm's reward shaping). Biased, but AlpacaFarm's runs blow up without it: a
   negative per-token k1 turns the penalty into a bonus on that token, a source of reward
@@ -35,6 +49,7 @@ from __future__ import annotations
 import torch
 
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
+STRAIGHT_THROUGH_ESTIMATORS = ("k1+", "k3+")  # verl; the exact "full" KL is `full_kl`
 
 
 def kl_penalty(
@@ -48,7 +63,7 @@ def kl_penalty(
     Args:
         logprobs: `[B, T]` log pi(a_t | s_t) of the sampled tokens under the policy.
         ref_logprobs: `[B, T]` the same tokens under the reference model.
-        estimator: one of `KL_ESTIMATORS` (see the module docstring).
+        estimator: one of `KL_ESTIMATORS` or `STRAIGHT_THROUGH_ESTIMATORS` (module docstring).
         clip_at_zero: clamp the result at a minimum of 0 (AlpacaFarm).
 
     Returns:
@@ -72,15 +87,21 @@ def kl_penalty(
         abs = [[0.5,     1.0,    0.0]]
         k1 with clip_at_zero -> [[0.5, 0.0, 0.0]]
     """
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"unknown estimator={estimator!r}; expected one of {KL_ESTIMATORS}")
+    if estimator not in KL_ESTIMATORS + STRAIGHT_THROUGH_ESTIMATORS:
+        raise ValueError(f"unknown estimator={estimator!r}; expected one of "
+                         f"{KL_ESTIMATORS + STRAIGHT_THROUGH_ESTIMATORS}")
     if logprobs.shape != ref_logprobs.shape:
         raise ValueError(
             f"logprobs shape {tuple(logprobs.shape)} does not match "
             f"ref_logprobs shape {tuple(ref_logprobs.shape)}"
         )
     log_ratio = logprobs - ref_logprobs  # [B, T]
-    if estimator == "k1":
+    if estimator.endswith("+"):
+        # Straight-through (verl): forward the value of k1 / k3, backward the gradient of k2.
+        value = kl_penalty(logprobs, ref_logprobs, estimator[:-1])
+        gradient_of = 0.5 * log_ratio.square()
+        kl = gradient_of - gradient_of.detach() + value.detach()
+    elif estimator == "k1":
         kl = log_ratio
     elif estimator == "k2":
         kl = 0.5 * log_ratio.square()
@@ -93,6 +114,40 @@ def kl_penalty(
     if clip_at_zero:
         kl = kl.clamp(min=0.0)
     return kl
+
+
+def full_kl(log_probs: torch.Tensor, ref_log_probs: torch.Tensor) -> torch.Tensor:
+    """Exact KL(pi || ref) over the whole vocabulary at each position, ``[B, T]``.
+
+    Args:
+        log_probs: `[B, T, V]` log-softmax of the policy at each response position.
+        ref_log_probs: `[B, T, V]` the reference's.
+
+    ``sum_v pi(v) * (log pi(v) - log ref(v))``. Differentiable through `log_probs`: in the
+    loss its gradient is the exact gradient of the per-position KL, with no sampling noise.
+
+    Worked example (one position, two tokens)::
+
+        pi = [0.5, 0.5], ref = [0.25, 0.75]
+        KL = 0.5 * log(0.5/0.25) + 0.5 * log(0.5/0.75) = 0.5 * log(4/3) = 0.14384
+    """
+    if log_probs.shape != ref_log_probs.shape:
+        raise ValueError(f"log_probs shape {tuple(log_probs.shape)} does not match "
+                         f"ref_log_probs shape {tuple(ref_log_probs.shape)}")
+    return (log_probs.exp() * (log_probs - ref_log_probs)).sum(-1)  # [B, T]
+
+
+def importance_weighted_kl(per_token_kl: torch.Tensor, logprobs: torch.Tensor,
+                           old_logprobs: torch.Tensor) -> torch.Tensor:
+    """`per_token_kl` times the ratio ``pi / sg(pi_old)`` of the sampled tokens, ``[B, T]``
+    (TRL GRPO `use_bias_correction_kl`; DeepSeek-V3.2 eq. 8).
+
+    The samples come from pi_old, so an expectation under pi needs the ratio. With k3 the
+    product's gradient is ``ratio * (k3 + 1 - ref/pi) * grad(logp)``, whose expectation under
+    pi_old is ``sum_a pi(a) * (log pi(a) - log ref(a)) * grad(log pi(a))``: the true gradient
+    of KL(pi || ref). On-policy the value is unchanged (ratio 1) but the gradient is not.
+    """
+    return per_token_kl * torch.exp(logprobs - old_logprobs.detach())
 
 
 class FixedKLController:

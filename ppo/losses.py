@@ -262,6 +262,9 @@ def kl_loss(
     loss_agg: str = "token_mean",
     max_len: int | None = None,
     skip_empty_rows: bool = False,
+    old_logprobs: torch.Tensor | None = None,
+    log_probs: torch.Tensor | None = None,
+    ref_log_probs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """KL to the reference policy as a loss term (GRPO, DeepSeekMath), not a reward.
 
@@ -269,13 +272,21 @@ def kl_loss(
     `kl_coef * KL` to the loss directly. It uses the k3 estimator
     `exp(ref - logp) - (ref - logp) - 1`, which is non-negative and unbiased for
     KL(policy || reference) when tokens are sampled from the policy. Estimators come from
-    `ppo.kl.kl_penalty`.
+    `ppo.kl.kl_penalty`; ``"full"`` takes the full log-softmax of both models instead
+    (`log_probs`, `ref_log_probs`, ``[B, T, V]``; `ppo.kl.full_kl`). With `old_logprobs`
+    each token's estimate is weighted by ``pi / sg(pi_old)`` (`ppo.kl.importance_weighted_kl`,
+    TRL's `use_bias_correction_kl`).
 
     Returns `(loss, {"kl_loss": ...})`; the trainer multiplies by the coefficient.
     """
-    from ppo.kl import kl_penalty
+    from ppo.kl import full_kl, importance_weighted_kl, kl_penalty
 
-    per_token = kl_penalty(logprobs, ref_logprobs, estimator=estimator)  # [B, T]
+    if estimator == "full":
+        per_token = full_kl(log_probs, ref_log_probs)  # [B, T]
+    else:
+        per_token = kl_penalty(logprobs, ref_logprobs, estimator=estimator)  # [B, T]
+    if old_logprobs is not None:
+        per_token = importance_weighted_kl(per_token, logprobs, old_logprobs)  # [B, T]
     loss = aggregate(per_token, mask, loss_agg, max_len, skip_empty_rows)
     return loss, {"kl_loss": loss.item()}
 

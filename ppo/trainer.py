@@ -33,14 +33,14 @@ import torch
 from gae import estimate_advantages, whiten
 from value_model.reward_model import last_token_scores
 
-from . import allocator, checkpoints, distributed, guards, run_loop
+from . import allocator, checkpoints, distributed, guards, rollout_correction, run_loop
 from .buffer import ExperienceBuffer, accumulation_weights
 from .config import PPOConfig
 from .dynamic_sampling import ScoredBatch, sample_batch
 from .evaluation import score_batch
 from .filtering import PromptPool, gather_pass_rates, group_pass_rates, keep_groups
 from .forward_passes import ForwardPasses, rollout_args
-from .kl import kl_penalty, make_kl_controller
+from .kl import make_kl_controller
 from .losses import critic_loss_mask, entropy_loss, kl_loss, value_loss
 from .metrics import PhaseTimer, UpdateTally, critic_diagnostics, masked_mean, phase, step_metrics, timed_step
 from .models import setup_models, warm_start_path
@@ -149,7 +149,7 @@ class RLTrainer:
         beta = self.kl_controller.value
         kl = kl_k1 = kl_sampling = torch.zeros_like(old_logprobs)  # [B, T]; not measured when beta = 0
         if ref_logprobs is not None:
-            kl = kl_penalty(old_logprobs, ref_logprobs, cfg.kl_estimator, cfg.kl_clip_at_zero) * response_mask
+            kl = self.passes.kl_estimate(rollout, old_logprobs, ref_logprobs) * response_mask  # "full": exact
             kl_k1 = (old_logprobs - ref_logprobs) * response_mask  # [B, T]: the unclamped k1 estimate
             kl_sampling = self.passes.sampling_temperature_kl(rollout, kl_k1)  # [B, T]: k1 at the sampling T
 
@@ -173,10 +173,14 @@ class RLTrainer:
             if cfg.retire_mastered:  # every rank retires what any rank mastered, in every round
                 self.prompt_pool.retire(*gather_pass_rates(batch.seen_problems, batch.seen_pass_rates))
 
+        advantages, loss_mask, mismatch = rollout_correction.correct(  # sampler vs trainer log-probs: TIS / MIS
+            cfg, rollout, old_logprobs, advantages, loss_mask, self.passes.temperature)
+
         # ---- 7. update: epochs x shuffled minibatches x micro-batches ------------------
         tensors = dict(query_ids=rollout.query_ids, query_mask=rollout.query_mask, response_ids=rollout.response_ids,
                        response_mask=response_mask, loss_mask=loss_mask, old_logprobs=old_logprobs,
-                       advantages=advantages, returns=returns, ref_logprobs=ref_logprobs, values=values)
+                       advantages=advantages, returns=returns, ref_logprobs=ref_logprobs, values=values,
+                       ref_log_probs_full=self.passes.ref_log_probs_full)  # [B, T, V] for "full" in the loss
         if values is not None and (cfg.value_loss_over_padding or cfg.score_position != "last_token"):
             # The critic's loss covers padding (AlpacaFarm) or the column after the last token (TRL).
             tensors["critic_mask"] = critic_loss_mask(loss_mask, cfg.value_loss_over_padding, cfg.score_position)
@@ -187,11 +191,12 @@ class RLTrainer:
         self.kl_controller.update(distributed.global_mean(kl.sum(-1)), cfg.rollout_batch_size)  # mean sequence KL
         for scheduler in self.schedulers:
             scheduler.step()
+        self.passes.refresh_reference(self.step + 1)  # ref_update_every: reset or mix the reference (off by default)
 
         metrics = step_metrics(self, batch, buffer, token_rewards=token_rewards, kl=kl, kl_k1=kl_k1,
                                kl_sampling=kl_sampling, finite=finite, kept=kept,
                                scalars={"kl_coef": beta, "length_reward_coef": length_coef, **critic_stats,
-                                        **update_metrics})
+                                        **update_metrics, **self.passes.kl_metrics(), **mismatch})
         self.step += 1
         return metrics
 
@@ -282,7 +287,8 @@ class RLTrainer:
                                             generator=self.shuffle_generator, **agg)
                 metrics["pg_loss"] = float(loss.detach())
                 if cfg.kl_placement == "loss" and "ref_logprobs" in micro:
-                    kl_term, kl_metrics = kl_loss(logprobs, micro["ref_logprobs"], mask, cfg.kl_estimator, **agg)
+                    kl_term, kl_metrics = kl_loss(logprobs, micro["ref_logprobs"], mask, cfg.kl_estimator, **agg,
+                                                      **self.passes.kl_loss_inputs(micro))
                     loss = loss + beta * kl_term
                     metrics.update(kl_metrics)
                 entropy_value, _ = entropy_loss(entropy, mask, **agg)
@@ -314,10 +320,12 @@ class RLTrainer:
         """Phases 1-2 for one round: draw `n_prompts` prompts, sample G responses each, score them."""
         cfg = self.config
         problems = [p for p in self.prompt_pool.sample(n_prompts) for _ in range(cfg.group_size)]  # [B]
-        with self.timer("generate"):
+        precision = rollout_correction.sampling_autocast(cfg.sampling_precision, self.device, self.policy_module)
+        with self.timer("generate"), precision:  # bf16 sampling: a real sampler-trainer mismatch
             rollout = generate(self.policy_module, self.tokenizer, [p.prompt for p in problems], cfg.response_length,
                                temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                               return_logits=cfg.logprobs_from_generation, stop_token_ids=self.stop_token_ids,
+                               return_logits=cfg.logprobs_from_generation or rollout_correction.wants_sampler_logprobs(cfg),
+                               stop_token_ids=self.stop_token_ids,
                                max_prompt_length=self.max_prompt_length, prompt_truncation=cfg.prompt_truncation)
         rollout = self._to_device(rollout)
         texts = decode_responses(self.tokenizer, rollout)

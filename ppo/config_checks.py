@@ -129,6 +129,19 @@ def validate(config) -> None:
         bad("value_loss_over_padding", "trains the critic on the padding of a fixed-width batch: needs "
             "pad_to_response_length=True (AlpacaFarm pads every batch to response_len)")
     choice("kl_controller", KL_CONTROLLER_NAMES)
+    from .rollout_correction import ROLLOUT_CORRECTIONS, SAMPLING_PRECISIONS
+
+    choice("rollout_correction", ROLLOUT_CORRECTIONS)
+    choice("sampling_precision", SAMPLING_PRECISIONS)
+    if not 0 < config.rollout_correction_floor < 1 < config.rollout_correction_cap:
+        bad("rollout_correction_cap", f"needs 0 < rollout_correction_floor ({config.rollout_correction_floor}) < 1 < "
+            "rollout_correction_cap")
+    if config.sampling_precision == "bf16" and config.lean_forward:
+        bad("sampling_precision", "'bf16' samples through the module call: set lean_forward=False too")
+    if not isinstance(config.ref_update_every, int) or config.ref_update_every < 0:
+        bad("ref_update_every", "must be an integer >= 0 (0 = a frozen reference)")
+    if not 0 < config.ref_update_alpha <= 1:
+        bad("ref_update_alpha", "must be in (0, 1] (1 = hard reset to the policy)")
     choice("difficulty_filter_mode", DIFFICULTY_FILTER_MODES)
     if config.grpo_std_correction not in (0, 1):
         bad("grpo_std_correction", "must be 0 (population std) or 1 (sample std)")

@@ -1,0 +1,182 @@
+"""Ablations of the 2025-26 implementation details, registered into `ablations.registry`.
+
+AlpacaFarm's fixed-width semantics, where the critic and the score sit, the policy-loss
+family (ppo/policy_losses.py), the critic's details (warm-up, value pretraining, decoupled
+and length-adaptive lambda, REINFORCE++, ReMax), the KL estimators' gradients, the
+sampler-trainer mismatch correction and reference refresh. Each entry is a base preset and
+its variants as config overrides, like every other entry of the registry.
+"""
+
+from __future__ import annotations
+
+from ppo.config import preset
+
+from .registry import GRPO, PPO, Variant, register
+
+# ---------------------------------------------------------------------- AlpacaFarm's fixed width
+register(
+    "alpacafarm_fixed_width",
+    "AlpacaFarm pads every batch to response_len and whitens rewards and advantages over that width: "
+    "how much do the fixed-width semantics change PPO against masked statistics over the batch's own width?",
+    [Variant("fixed_width", PPO),
+     Variant("masked", PPO, {"pad_to_response_length": False, "whiten_advantages_over_padding": False,
+                             "value_loss_over_padding": False, "reward_whitening_mode": "masked",
+                             "loss_agg": "token_mean"})],
+    metric="accuracy", extra_metrics=("kl_k1", "response_length"),
+)
+
+# ---------------------------------------------------------------------- the policy-loss family (ppo/policy_losses.py)
+# These losses differ from PPO's only off the policy that sampled (at ratio 1 their gradients
+# agree), so every arm takes 2 epochs x 2 minibatches: 4 optimizer steps per batch, three of
+# them off-policy. 40 steps: 6 arms x 3 seeds take 15-25 minutes on a shared 2-core CPU.
+OFF_POLICY = {"ppo_epochs": 2, "num_minibatches": 2}
+register(
+    "policy_losses",
+    "Off-policy (2 epochs x 2 minibatches), do GSPO, CISPO, GMPO, Clip-Cov or KL-Cov train GRPO differently "
+    "from PPO's clipped token loss, in accuracy, entropy and how much they clip?",
+    [Variant("vanilla", GRPO, OFF_POLICY),
+     # GSPO's clip ranges are the paper's: a sequence ratio moves far less than a token's.
+     Variant("gspo", GRPO, {**OFF_POLICY, "policy_loss": "gspo", "cliprange": 3e-4, "cliprange_high": 4e-4}),
+     Variant("cispo", GRPO, {**OFF_POLICY, "policy_loss": "cispo"}),
+     # GMPO's range is the paper's (e^-0.4, e^0.4), in log units.
+     Variant("geo_mean", GRPO, {**OFF_POLICY, "policy_loss": "geo_mean", "cliprange": 0.4}),
+     Variant("clip_cov", GRPO, {**OFF_POLICY, "policy_loss": "clip_cov"}),
+     Variant("kl_cov", GRPO, {**OFF_POLICY, "policy_loss": "kl_cov"})],
+    metric="accuracy", extra_metrics=("entropy", "clipfrac", "clipfrac_seq", "cov_frac", "approx_kl", "kl_k1"),
+    steps=40,
+)
+
+register(
+    "entropy_controls",
+    "Training only on the top 20% of tokens by entropy (Beyond the 80/20 Rule), or an entropy bonus adapted "
+    "toward a target entropy (Skywork-OR1): does either keep entropy up without costing accuracy?",
+    [Variant("off", GRPO, OFF_POLICY),
+     Variant("top_entropy_20", GRPO, {**OFF_POLICY, "top_entropy_quantile": 0.2}),
+     Variant("adaptive_entropy", GRPO, {**OFF_POLICY, "entropy_target": 0.2})],
+    metric="entropy", extra_metrics=("accuracy", "entropy_mask_frac", "entropy_coef"),
+    steps=40,
+)
+
+register(
+    "overlong",
+    "Responses that reach response_length: keep them, leave them out of the loss (DAPO's hard overlong "
+    "filter), or penalise the last 16 tokens' worth of length (DAPO's soft overlong punishment)?",
+    [Variant("none", GRPO),
+     Variant("hard_mask", GRPO, {"mask_truncated_responses": True}),
+     Variant("soft_penalty", GRPO, {"overlong_buffer_length": 16})],
+    metric="eos_rate", extra_metrics=("response_length", "accuracy", "score"),
+    steps=40,
+)
+
+# ---------------------------------------------------------------------- the critic's details (VC-PPO, VAPO)
+register(
+    "critic_warmup",
+    "Does training only the critic for the first steps (verl critic_warmup, OpenRLHF freezing_steps) help PPO "
+    "from a critic with a zeroed head? The policy's steps then start from values that already track the returns.",
+    [Variant("off", PPO), Variant("warmup_10", PPO, {"critic_warmup_steps": 10})],
+    metric="accuracy", extra_metrics=("explained_variance", "value_error_mc", "advantage_bias_first_tokens"),
+)
+
+# The pretrained critic must exist before the sweep runs: `python -m ppo.value_pretrain`.
+# Its cache path is a pure function of the settings, so registering builds nothing.
+from ppo.value_pretrain import pretrained_critic_path  # noqa: E402
+
+register(
+    "value_pretraining",
+    "VC-PPO's value pretraining: does starting the critic fitted to Monte-Carlo returns of the initial "
+    "policy's rollouts beat a zeroed head?",
+    [Variant("off", PPO),
+     Variant("pretrained", PPO, {"value_init": "pretrained",
+                                 "value_init_path": str(pretrained_critic_path(preset(PPO, testbed=True)))})],
+    metric="accuracy", extra_metrics=("explained_variance", "value_error_mc", "advantage_bias_first_tokens"),
+)
+register(
+    "lambda_decoupled",
+    "One lambda for the critic's targets and another for the policy's advantages (VC-PPO) or one per response "
+    "length (VAPO), against coupled lambda 1 (AlpacaFarm) and 0.95 (TRL).",
+    [Variant("coupled_1", PPO, {"lam": 1.0}), Variant("coupled_095", PPO, {"lam": 0.95}),
+     Variant("decoupled_1_095", PPO, {"lam": 0.95, "lam_critic": 1.0}),
+     Variant("length_adaptive", PPO, {"lam_length_alpha": 0.05, "lam_critic": 1.0})],
+    metric="accuracy", extra_metrics=("explained_variance", "value_error_mc", "advantage_bias_first_tokens"),
+)
+# Equal samples (64 responses a step) and optimizer steps (one epoch, one minibatch) in every arm.
+_ONE_STEP = {"ppo_epochs": 1, "num_minibatches": 1}
+_KL_K1_IN_REWARD = {"kl_placement": "reward", "kl_estimator": "k1"}  # REINFORCE++'s per-token k1 reward
+register(
+    "reinforce_plus_plus",
+    "REINFORCE++ (return-to-go of the per-token reward, batch whitening) and its group-mean baseline variant "
+    "against GRPO and PPO on equal samples and optimizer steps; ReMax (greedy-response baseline) beside them.",
+    [Variant("grpo", GRPO, _ONE_STEP),
+     Variant("reinforce_pp", GRPO, {"advantage_estimator": "reinforce_plus_plus", **_KL_K1_IN_REWARD, **_ONE_STEP}),
+     Variant("reinforce_pp_baseline", GRPO,
+             {"advantage_estimator": "reinforce_plus_plus_baseline", **_KL_K1_IN_REWARD, **_ONE_STEP}),
+     Variant("ppo", PPO, _ONE_STEP),
+     # ReMax also decodes one greedy response per prompt each step (its baseline), not trained on.
+     Variant("remax", GRPO, {"advantage_estimator": "remax", **_KL_K1_IN_REWARD, **_ONE_STEP})],
+    metric="accuracy", extra_metrics=("kl_k1", "response_length"),
+)
+
+# ---------------------------------------------------------------------- where the critic and the score sit
+register(
+    "critic_on_padding",
+    "AlpacaFarm's critic predicts values on the padding of its fixed-width batch and is trained there: "
+    "does fitting those positions change PPO against a critic that skips them?",
+    [Variant("on_padding", PPO), Variant("real_tokens", PPO, {"value_loss_over_padding": False})],
+    metric="accuracy", extra_metrics=("vf_loss", "value_error"),
+)
+
+register(
+    "score_position",
+    "TRL puts the score one column after the stop token, a terminal state its critic values: does that "
+    "extra bootstrapped step change PPO against the score on the last token?",
+    [Variant("after_last_token", "trl_ppo"), Variant("last_token", "trl_ppo", {"score_position": "last_token"})],
+    metric="accuracy", extra_metrics=("vf_loss", "value_error"),
+)
+
+# ---------------------------------------------------------------------- the KL's gradient (docs/derivations.md)
+_KL_IN_LOSS = {"kl_placement": "loss", "kl_clip_at_zero": False, "log_full_kl": True}
+register(
+    "kl_gradient_grpo",
+    "GRPO's KL in the loss: k3 follows the reverse KL's gradient; does an estimator with the right gradient "
+    "(k2, k3 weighted by pi/pi_old, straight-through k3+, the exact full KL) hold the true KL (kl_full) lower "
+    "at equal accuracy? k1 in the reward beside them.",
+    [Variant("k3", GRPO, {**_KL_IN_LOSS, "kl_estimator": "k3"}),
+     Variant("k3_is", GRPO, {**_KL_IN_LOSS, "kl_estimator": "k3", "kl_loss_importance_weight": True}),
+     Variant("k3_plus", GRPO, {**_KL_IN_LOSS, "kl_estimator": "k3+"}),
+     Variant("k2", GRPO, {**_KL_IN_LOSS, "kl_estimator": "k2"}),
+     Variant("full", GRPO, {**_KL_IN_LOSS, "kl_estimator": "full"}),
+     Variant("k1_reward", GRPO, {**_KL_IN_LOSS, "kl_placement": "reward", "kl_estimator": "k1"})],
+    metric="kl_full", extra_metrics=("accuracy", "kl"),
+)
+register(
+    "kl_gradient_ppo",
+    "PPO's KL in the reward: the sampled k1 against the exact per-token KL over the vocabulary (no noise in "
+    "the penalty), and against k2 in the loss, which has the same expected per-token gradient on-policy.",
+    [Variant("k1_reward", PPO, {**_KL_IN_LOSS, "kl_placement": "reward", "kl_estimator": "k1"}),
+     Variant("full_reward", PPO, {**_KL_IN_LOSS, "kl_placement": "reward", "kl_estimator": "full"}),
+     Variant("k2_loss", PPO, {**_KL_IN_LOSS, "kl_estimator": "k2"})],
+    metric="kl_full", extra_metrics=("accuracy", "kl"),
+)
+
+# ---------------------------------------------------------------------- the sampler-trainer mismatch
+_BF16_SAMPLING = {"sampling_precision": "bf16", "lean_forward": False, "log_rollout_mismatch": True}
+register(
+    "rollout_correction",
+    "Sampling under bf16 autocast while training in fp32: does truncated (sequence TIS) or masked (token MIS) "
+    "importance sampling by the sampler-trainer ratio change GRPO against leaving the mismatch alone?",
+    [Variant("none", GRPO, _BF16_SAMPLING),
+     Variant("sequence_tis", GRPO, {**_BF16_SAMPLING, "rollout_correction": "sequence_tis"}),
+     Variant("token_mis", GRPO, {**_BF16_SAMPLING, "rollout_correction": "token_mis"}),
+     Variant("fp32_sampling", GRPO, {**_BF16_SAMPLING, "sampling_precision": "fp32"})],
+    metric="accuracy", extra_metrics=("rollout_mismatch_kl", "rollout_ratio_max", "rollout_corrected_frac"),
+)
+
+register(
+    "reference_refresh",
+    "A frozen reference, or one reset to the policy every 10 steps (slime / ProRL), or mixed toward it (TR-DPO, "
+    "TRL sync_ref_model): how do accuracy and the KL to the (moving) reference trade?",
+    [Variant("frozen", GRPO, {"log_full_kl": True}),
+     Variant("reset_10", GRPO, {"log_full_kl": True, "ref_update_every": 10}),
+     Variant("mix_0.6", GRPO, {"log_full_kl": True, "ref_update_every": 10, "ref_update_alpha": 0.6})],
+    metric="accuracy", extra_metrics=("kl_full", "kl"),
+)

@@ -5,7 +5,9 @@ A checkpoint is a folder ``OUTPUT_DIR/checkpoints/step_NNNNNN`` holding
 - ``policy/`` (weights and tokenizer, or the LoRA adapter) and ``value/`` (the critic),
   both as safetensors;
 - ``trainer_state.pt``: optimizer and scheduler state, the RNG streams of the main process;
-- ``state.json``: step, KL controller, retired prompts, world size, samples generated;
+- ``state.json``: step, KL controller, adaptive entropy coefficient, retired prompts, world
+  size, samples generated;
+- ``reference.safetensors`` when the reference moves (`ref_update_every`): its weights;
 - ``rng_rank{r}.pt`` for every other process: its own prompt, sampling and shuffling streams.
 
 `save` writes into a temporary folder and renames it into place, so a run killed mid-write
@@ -84,6 +86,10 @@ def _write_main(trainer: RLTrainer, tmp: Path) -> None:
     trainer.tokenizer.save_pretrained(tmp / "policy")
     if trainer.value_model is not None:
         trainer.accelerator.unwrap_model(trainer.value_model).save_pretrained(tmp / "value")
+    if _moving_reference(trainer):  # a refreshed reference is training state too
+        from safetensors.torch import save_model
+
+        save_model(_reference_module(trainer), str(tmp / "reference.safetensors"))
     torch.save({
         "policy_optimizer": trainer.policy_optimizer.state_dict(),
         "value_optimizer": trainer.value_optimizer.state_dict() if trainer.value_optimizer else None,
@@ -93,7 +99,16 @@ def _write_main(trainer: RLTrainer, tmp: Path) -> None:
     (tmp / "state.json").write_text(json.dumps({
         "step": trainer.step, "kl_controller": trainer.kl_controller.state_dict(),
         "model_path": trainer.model_path, "retired_prompts": sorted(trainer.prompt_pool.retired),
-        "world_size": distributed.world_size(), "samples_generated": trainer.samples_generated}))
+        "world_size": distributed.world_size(), "samples_generated": trainer.samples_generated,
+        "entropy_coef": trainer.entropy_control.coef, "entropy_last": trainer.entropy_control.last_entropy}))
+
+
+def _moving_reference(trainer: RLTrainer) -> bool:
+    return bool(trainer.config.ref_update_every) and trainer.ref_policy is not None and not trainer.config.lora_r
+
+
+def _reference_module(trainer: RLTrainer):
+    return getattr(trainer.ref_policy, "module", trainer.ref_policy)
 
 
 def _publish(trainer: RLTrainer, tmp: Path, final: Path) -> None:
@@ -209,6 +224,12 @@ def check_state(info, path: Path) -> None:
     samples = info.get("samples_generated", 0)
     if type(samples) is not int or samples < 0:
         refuse("samples_generated", f"is {samples!r}, not a count")
+    coef = info.get("entropy_coef", 0.0)
+    if type(coef) not in (int, float) or not math.isfinite(coef) or coef < 0:
+        refuse("entropy_coef", f"is {coef!r}, not a finite coefficient >= 0")
+    last = info.get("entropy_last")
+    if last is not None and (type(last) not in (int, float) or not math.isfinite(last)):
+        refuse("entropy_last", f"is {last!r}, not a finite entropy or null")
     retired = info.get("retired_prompts", [])
     if not isinstance(retired, list) or not all(isinstance(r, (str, int)) for r in retired):
         refuse("retired_prompts", f"is {_brief(retired)}, not a list of prompts")
@@ -228,6 +249,10 @@ def _read(trainer: RLTrainer, path: Path) -> dict:
     check_safetensors(path / "policy")
     if trainer.value_model is not None:
         check_safetensors(path / "value")
+    if _moving_reference(trainer):
+        from safetensors.torch import load_file
+
+        load_file(str(path / "reference.safetensors"))  # raises when missing or damaged
     rank_file = path / f"rng_rank{distributed.rank()}.pt"
     same_world = info.get("world_size", 1) == distributed.world_size()
     if not distributed.is_main_process() and rank_file.exists() and same_world:
@@ -245,6 +270,10 @@ def _apply(trainer: RLTrainer, path: Path, saved: dict) -> None:
         load_policy_weights(trainer.accelerator.unwrap_model(trainer.policy), path / "policy")
         if trainer.value_model is not None:
             load_value_weights(trainer.accelerator.unwrap_model(trainer.value_model), path / "value")
+        if _moving_reference(trainer):
+            from safetensors.torch import load_model
+
+            load_model(_reference_module(trainer), str(path / "reference.safetensors"))
         trainer.policy_optimizer.load_state_dict(state["policy_optimizer"])
         if trainer.value_optimizer is not None:
             trainer.value_optimizer.load_state_dict(state["value_optimizer"])
@@ -268,6 +297,8 @@ def _apply(trainer: RLTrainer, path: Path, saved: dict) -> None:
                                 "python_rng": random.Random(seed).getstate()})
     trainer.step = saved["step"]
     trainer.kl_controller.load_state_dict(saved["kl_controller"])
+    trainer.entropy_control.coef = info.get("entropy_coef", trainer.entropy_control.coef)
+    trainer.entropy_control.last_entropy = info.get("entropy_last", trainer.entropy_control.last_entropy)
     trainer.prompt_pool.retired = set(info.get("retired_prompts", []))
     trainer.samples_generated = info.get("samples_generated", trainer.step * trainer.config.rollout_batch_size)
 

@@ -248,3 +248,21 @@ def test_the_example_in_rltrainers_docstring_runs(tmp_path, monkeypatch):
     summary = namespace["summary"]
     assert summary["steps"] == 5 and (tmp_path / "runs" / "mine" / "metrics.jsonl").is_file()
     assert printed == [summary["final_eval"]] and "sampled_accuracy" in summary["final_eval"]
+
+
+def test_resume_restores_a_refreshed_reference_and_the_adaptive_entropy_coefficient(tmp_path, tiny_model_dir):
+    """A reference reset to the policy every 2 steps and an entropy coefficient adapted toward
+    a target are training state: a run stopped after step 3 and resumed ends where the
+    straight run does."""
+    common = dict(model_path=str(tiny_model_dir), ref_update_every=2, ref_update_alpha=0.5, entropy_target=10.0,
+                  entropy_coef_step=0.01, **TINY)
+    straight = RLTrainer(PPOConfig(output_dir=str(tmp_path / "a"), **common))
+    straight.train()
+    first = RLTrainer(PPOConfig(output_dir=str(tmp_path / "b"), **common))
+    first.train(stop_after=3)
+    resumed = RLTrainer(PPOConfig(output_dir=str(tmp_path / "b"), **common))
+    resumed.train(resume=True)
+    assert without_timing(read_metrics(tmp_path / "a")) == without_timing(read_metrics(tmp_path / "b"))
+    for a, b in zip(straight.ref_policy.parameters(), resumed.ref_policy.parameters()):
+        assert torch.equal(a, b)
+    assert straight.entropy_control.coef == resumed.entropy_control.coef > 0

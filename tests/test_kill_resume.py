@@ -2,7 +2,9 @@
 with the same weights and logs as a run that was never interrupted.
 
 The runs are real ``python -m ppo.cli`` processes on the tiny model. The kill moments are
-random but reproducible: drawn from ``PPO_KILL_SEED`` (default 0), printed on failure.
+random but reproducible: drawn from ``PPO_KILL_SEED`` (default 0), printed on failure. Each
+killed process is held at its kill moment (it hangs there and leaves a marker file), so the
+kill never races a run that is faster than the test's polling.
 """
 
 from __future__ import annotations
@@ -26,20 +28,30 @@ ROOT = Path(__file__).resolve().parent.parent
 TOTAL_STEPS = 4
 CONFIG = dict(rollout_batch_size=4, response_length=8, eval_size=2, eval_every=0, total_steps=TOTAL_STEPS,
               save_every=1, keep_checkpoints=2, progress=False, log_samples=2, lr=1e-3, ppo_epochs=2, threads=1)
-# Runs ppo.cli with torch.save slowed down inside the save of one step: the checkpoint's
-# temp folder holds the weights and trainer_state.pt, not yet state.json, when it hangs.
-SLOW_SAVE = '''
+# Runs ppo.cli held at one moment, where it writes a marker file and hangs:
+#   "log" STEP: just after step STEP's line reaches metrics.jsonl, before its samples and
+#     checkpoint are written (the logs run ahead of the newest checkpoint);
+#   "save" STEP: inside the checkpoint save of step STEP, when the temp folder holds the
+#     weights and trainer_state.pt but not yet state.json.
+HELD_RUN = '''
 import sys, time, pathlib, torch
-step, marker = int(sys.argv[1]), pathlib.Path(sys.argv[2])
-real_save = torch.save
-def slow_save(obj, f, *args, **kwargs):
+from ppo import run_loop
+moment, step, marker = sys.argv[1], int(sys.argv[2]), pathlib.Path(sys.argv[3])
+def hang():
+    marker.write_text(moment)
+    time.sleep(600)
+real_save, real_log = torch.save, run_loop.log
+def held_save(obj, f, *args, **kwargs):
     real_save(obj, f, *args, **kwargs)
-    if ".tmp_step_%06d" % step in str(f):
-        marker.write_text("inside the save")
-        time.sleep(600)
-torch.save = slow_save
+    if moment == "save" and ".tmp_step_%06d" % step in str(f):
+        hang()
+def held_log(trainer, metrics):
+    real_log(trainer, metrics)
+    if moment == "log" and metrics["step"] == step:
+        hang()
+torch.save, run_loop.log = held_save, held_log
 from ppo.cli import main
-sys.exit(main(sys.argv[3:]))
+sys.exit(main(sys.argv[4:]))
 '''
 
 
@@ -86,13 +98,15 @@ def test_kill_9_at_a_random_step_and_inside_a_save_resumes_to_the_straight_run(t
     config.replace(output_dir=str(run)).to_yaml(config_file)
     cli = ["--config", str(config_file), "--output-dir", str(run)]
 
-    first = launch(["-m", "ppo.cli", *cli], log)
-    wait_for(lambda: kill_step in logged_steps(run), first, f"step {kill_step}", log)
+    logged = tmp_path / "step_logged"
+    first = launch(["-c", HELD_RUN, "log", str(kill_step), str(logged), *cli], log)
+    wait_for(logged.exists, first, f"step {kill_step}", log)
+    assert kill_step in logged_steps(run), context
     first.send_signal(signal.SIGKILL)
     first.wait()
 
     marker = tmp_path / "inside_save"
-    second = launch(["-c", SLOW_SAVE, str(save_step), str(marker), *cli, "--resume"], log)
+    second = launch(["-c", HELD_RUN, "save", str(save_step), str(marker), *cli, "--resume"], log)
     wait_for(marker.exists, second, f"the save of step {save_step}", log)
     second.send_signal(signal.SIGKILL)
     second.wait()

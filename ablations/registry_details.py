@@ -1,7 +1,7 @@
 """Ablations of the 2025-26 implementation details, registered into `ablations.registry`.
 
 AlpacaFarm's fixed-width semantics, where the critic and the score sit, the policy-loss
-family (ppo/policy_losses.py), the critic's details (warm-up, value pretraining, decoupled
+family (ppo/policy_losses.py) and the loss reductions, the critic's details (warm-up, value pretraining, decoupled
 and length-adaptive lambda, REINFORCE++, ReMax), the KL estimators' gradients, the
 sampler-trainer mismatch correction and reference refresh. Each entry is a base preset and
 its variants as config overrides, like every other entry of the registry.
@@ -44,6 +44,17 @@ register(
      Variant("kl_cov", GRPO, {**OFF_POLICY, "policy_loss": "kl_cov"})],
     metric="accuracy", extra_metrics=("entropy", "clipfrac", "clipfrac_seq", "cov_frac", "approx_kl", "kl_k1"),
     steps=40,
+)
+
+register(
+    "loss_reductions",
+    "GRPO with each prompt weighing the same (SkyRL's prompt_mean), each sequence (GRPO's per-sequence mean) "
+    "or each token (DAPO's token mean): do accuracy and the length of wrong answers differ?",
+    [Variant("per_sequence", GRPO, {"loss_agg": "seq_mean_token_mean"}),
+     Variant("per_prompt", GRPO, {"loss_agg": "prompt_mean"}),
+     Variant("per_token", GRPO, {"loss_agg": "token_mean"})],
+    metric="accuracy", extra_metrics=("response_length_incorrect", "loss_weight_incorrect_long",
+                                      "loss_weight_incorrect_short"),
 )
 
 register(

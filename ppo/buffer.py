@@ -63,9 +63,27 @@ class ExperienceBuffer:
                 yield epoch, m, micro
 
 
+def with_group_shares(micro_batches: list[dict[str, torch.Tensor]], group_size: int,
+                      skip_empty_rows: bool = False) -> list[dict[str, torch.Tensor]]:
+    """The micro-batches with `group_share` added: each row's share of its prompt group
+    within this minibatch, for `loss_agg="prompt_mean"` (`ppo.losses.group_shares`).
+
+    Rows ``g * group_size ... (g + 1) * group_size - 1`` of the buffer answer one prompt; the
+    shuffle may spread a group over micro-batches and minibatches, so its share is counted
+    over the whole minibatch (on this process, which sampled the group), never per micro-batch.
+    """
+    from .losses import group_shares
+
+    rows = torch.cat([micro["rows"] for micro in micro_batches])  # [b_minibatch]
+    mask = torch.cat([micro["loss_mask"] for micro in micro_batches])  # [b_minibatch, T]
+    shares = group_shares(mask, torch.div(rows, group_size, rounding_mode="floor"), skip_empty_rows)
+    sizes = [len(micro["rows"]) for micro in micro_batches]
+    return [{**micro, "group_share": share} for micro, share in zip(micro_batches, shares.split(sizes))]
+
+
 def accumulation_weights(loss_masks: list[torch.Tensor], loss_agg: str, skip_empty_rows: bool = False,
-                         reduce_sum=None, value_masks: list[torch.Tensor] | None = None
-                         ) -> tuple[list[float], list[float]]:
+                         reduce_sum=None, value_masks: list[torch.Tensor] | None = None,
+                         group_shares: list[torch.Tensor | None] | None = None) -> tuple[list[float], list[float]]:
     """Per micro-batch weights that make gradient accumulation exact: `(policy, value)`.
 
     Each micro-batch's loss is an average over its own units (tokens or sequences, see
@@ -78,6 +96,8 @@ def accumulation_weights(loss_masks: list[torch.Tensor], loss_agg: str, skip_emp
     counts the units over every data-parallel process, so the weights are shares of the
     *global* minibatch. `value_masks` are the critic's own masks where they differ from the
     loss masks (`ppo.losses.critic_loss_mask`); its token shares are counted over them.
+    `group_shares` (`prompt_mean` only, `with_group_shares`) count each micro-batch's units
+    as the fractions of prompt groups it holds.
 
     Worked example, two micro-batches with 3 and 1 loss tokens in one row each, under
     `seq_mean_token_mean`: policy weights [0.5, 0.5] (one sequence each), value weights
@@ -87,10 +107,11 @@ def accumulation_weights(loss_masks: list[torch.Tensor], loss_agg: str, skip_emp
 
     reduce_sum = reduce_sum or (lambda total: total)
 
-    def shares(masks: list[torch.Tensor], mode: str, skip: bool) -> list[float]:
-        units = [loss_units(mask, mode, skip) for mask in masks]
+    def shares(masks: list[torch.Tensor], mode: str, skip: bool, groups=None) -> list[float]:
+        groups = groups or [None] * len(masks)
+        units = [loss_units(mask, mode, skip, group).double() for mask, group in zip(masks, groups)]
         total = float(reduce_sum(torch.stack(units).sum()))
-        return [float(u) / max(total, 1.0) for u in units]
+        return [float(u) / (total if total > 0 else 1.0) for u in units]
 
-    return (shares(loss_masks, loss_agg, skip_empty_rows),
+    return (shares(loss_masks, loss_agg, skip_empty_rows, group_shares),
             shares(loss_masks if value_masks is None else value_masks, "token_mean", False))

@@ -44,7 +44,7 @@ MAX_SEED = 2**63 - 1
 # the resuming config is refused unless explicitly allowed (`resume_conflicts`).
 RESUMABLE_FIELDS = ("total_steps", "output_dir", "device", "threads", "progress", "eval_every", "save_every",
                     "keep_checkpoints", "log_samples", "retain_freed_memory")
-LOSS_AGG_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+LOSS_AGG_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "prompt_mean")
 REWARD_WHITENING_MODES = ("masked", "stats", "alpacafarm")  # ppo/rewards.py whiten_rewards
 SCORE_POSITIONS = ("last_token", "after_last_token")  # ppo/rewards.py shape_rewards
 KL_CONTROLLER_NAMES = ("ziegler", "alpacafarm")  # ppo/kl.py make_kl_controller
@@ -191,7 +191,7 @@ class PPOConfig:
     cliprange_value: float | None = _f(0.2, "Value clipping around the old values; None = off (AlpacaFarm, TRL: 0.2).")
     vf_coef: float = _f(0.1, "Weight of the value loss (AlpacaFarm, TRL: 0.1).")
     entropy_coef: float = _f(0.0, "Weight of the entropy bonus (AlpacaFarm, TRL: 0).")
-    loss_agg: str = _f("token_mean", "How per-token losses are averaged: 'token_mean' (AlpacaFarm, TRL, DAPO), 'seq_mean_token_mean' (GRPO's per-sequence normalisation) or 'seq_mean_token_sum' (each sequence's token sum, averaged over sequences; TRL RLOO, verl) or 'seq_mean_token_sum_norm' (Dr. GRPO's constant normaliser).")
+    loss_agg: str = _f("token_mean", "How per-token losses are averaged: 'token_mean' (AlpacaFarm, TRL, DAPO), 'seq_mean_token_mean' (GRPO's per-sequence normalisation) or 'seq_mean_token_sum' (each sequence's token sum, averaged over sequences; TRL RLOO, verl) or 'seq_mean_token_sum_norm' (Dr. GRPO's constant normaliser) or 'prompt_mean' (token mean within each prompt's group, then mean over prompts; SkyRL).")
     target_kl: float | None = _f(None, "Stop a step's remaining minibatches and epochs once a minibatch's approximate KL to the rollout policy exceeds this; None = off (cleanrl target_kl).")
     mask_truncated_responses: bool = _f(False, "Leave responses that hit response_length without a stop token out of the loss (DAPO overlong filtering).")
     policy_loss: str = _f("vanilla", "Policy loss (ppo/policy_losses.py): 'vanilla' (PPO clip), 'gspo' / 'gspo_token' (sequence ratio; Qwen GSPO), 'cispo' (clipped stop-gradient weight; MiniMax-M1), 'geo_mean' (GMPO), 'clip_cov' / 'kl_cov' (Cui et al.) (verl policy_loss.loss_mode).")

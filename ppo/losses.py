@@ -8,8 +8,10 @@ Implementation details that live here:
   answers toward being long), `seq_mean_token_sum` (each sequence's token sum averaged
   over sequences: REINFORCE on the whole sequence's log-probability, TRL RLOO, verl
   `seq-mean-token-sum`) and `seq_mean_token_sum_norm` (Dr. GRPO's fix: a constant
-  normaliser; AlpacaFarm's `.mean()` over a batch padded to `response_len`). `loss_units` says what each mode divides by, which is what makes gradient
-  accumulation exact (`ppo.buffer.accumulation_weights`).
+  normaliser; AlpacaFarm's `.mean()` over a batch padded to `response_len`) and
+  `prompt_mean` (SkyRL: a token mean inside each prompt's group, averaged over prompts).
+  `loss_units` says what each mode divides by, which is what makes gradient accumulation
+  exact (`ppo.buffer.accumulation_weights`).
 - **The policy loss** (`policy_loss`, re-exported from `ppo/policy_losses.py`): a registry
   of surrogates chosen by `PPOConfig.policy_loss`: PPO's clipped loss with clip-higher and
   dual clip, GSPO, CISPO, GMPO, Clip-Cov and KL-Cov.
@@ -30,7 +32,7 @@ from __future__ import annotations
 
 import torch
 
-LOSS_AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
+LOSS_AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "prompt_mean")
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -46,6 +48,7 @@ def aggregate(
     mode: str = "token_mean",
     max_len: int | None = None,
     skip_empty_rows: bool = False,
+    group_share: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Reduce a `[B, T]` per-token loss to a scalar over the masked tokens.
 
@@ -67,6 +70,13 @@ def aggregate(
     - `"seq_mean_token_sum_norm"`: sum over all masked tokens / (B * max_len), `max_len`
       defaulting to T. A constant normaliser, independent of the lengths in the batch
       (Dr. GRPO).
+    - `"prompt_mean"`: a token mean inside each prompt's group of responses, then a mean
+      over the prompts: each *prompt* weighs the same, however many tokens its responses
+      hold (SkyRL `loss_reduction="prompt_mean"`). With one response per prompt it is
+      `seq_mean_token_mean`. It needs `group_share` (`[B]`, from `group_shares`): each
+      row's share of its group, its masked tokens over the group's, so that a group split
+      over micro-batches or minibatch rows still counts once. A row's token weighs
+      `group_share / row_tokens` = 1 / group_tokens, and the units are the groups.
 
     Why per-sequence normalisation lets long wrong answers escape their penalty. Take two
     wrong answers with advantage A = -1, one 10 tokens long and one 100 tokens long. Under
@@ -88,14 +98,21 @@ def aggregate(
     Worked example, values `[[1, 2, 3], [4, 5, 6]]`, mask `[[1, 1, 1], [1, 0, 0]]`:
     token_mean = (1+2+3+4)/4 = 2.5; seq_mean_token_mean = (2 + 4)/2 = 3.0;
     seq_mean_token_sum = (6 + 4)/2 = 5.0; seq_mean_token_sum_norm = 10/(2*3) = 1.667. With mask `[[1, 1, 1], [0, 0, 0]]`,
-    seq_mean_token_mean = 2/2 = 1.0, or 2/1 = 2.0 with `skip_empty_rows`.
+    seq_mean_token_mean = 2/2 = 1.0, or 2/1 = 2.0 with `skip_empty_rows`. Under
+    `prompt_mean`, values `[[1, 2, 3], [4, 5, 6], [7, 8, 9]]`, mask `[[1, 1, 1], [1, 0, 0],
+    [1, 1, 0]]`, rows 0-1 one prompt and row 2 another: group means (1+2+3+4)/4 = 2.5 and
+    (7+8)/2 = 7.5, so prompt_mean = (2.5 + 7.5)/2 = 5.0, where token_mean gives 25/6 = 4.167
+    and seq_mean_token_mean (2 + 4 + 7.5)/3 = 4.5.
     """
     is_real = mask.bool()
     # torch.where, not values * mask: padding may hold inf/nan and inf * 0 = nan.
     masked = torch.where(is_real, values, torch.zeros_like(values))  # [B, T]
     if mode not in LOSS_AGG_MODES:
         raise ValueError(f"loss_agg must be one of {LOSS_AGG_MODES}, got loss_agg={mode!r}")
-    units = loss_units(mask, mode, skip_empty_rows).clamp(min=1)  # tokens or sequences
+    units = _nonzero(loss_units(mask, mode, skip_empty_rows, group_share))  # tokens, sequences or groups
+    if mode == "prompt_mean":
+        token_weight = group_share.to(values.dtype) / is_real.sum(-1).clamp(min=1)  # [B]: 1 / group tokens
+        return (masked.sum(-1) * token_weight).sum() / units
     if mode == "token_mean":
         return masked.sum() / units
     if mode == "seq_mean_token_mean":
@@ -107,11 +124,21 @@ def aggregate(
     return masked.sum() / (units * horizon)
 
 
-def loss_units(mask: torch.Tensor, mode: str = "token_mean", skip_empty_rows: bool = False) -> torch.Tensor:
+def _nonzero(units: torch.Tensor) -> torch.Tensor:
+    """`units`, or 1 where it is 0 (an empty mask gives a loss of 0, not nan). Not a clamp at
+    1: `prompt_mean`'s units are fractions of groups."""
+    return torch.where(units > 0, units, torch.ones_like(units))
+
+
+def loss_units(mask: torch.Tensor, mode: str = "token_mean", skip_empty_rows: bool = False,
+               group_share: torch.Tensor | None = None) -> torch.Tensor:
     """What `aggregate` divides by (before `max_len`), in units that add up over micro-batches.
 
     Tokens in the mask under `token_mean`; sequences under the three `seq_mean` modes (only
-    the rows with a token in the mask when `skip_empty_rows`). Gradient accumulation is
+    the rows with a token in the mask when `skip_empty_rows`); prompt groups under
+    `prompt_mean`, the sum of the rows' `group_share` (a micro-batch holding half of a
+    group's tokens counts half a group; `skip_empty_rows` is already in the shares,
+    `group_shares`). Gradient accumulation is
     exact when each micro-batch's loss is weighted by its units over the whole minibatch's
     (`ppo.buffer.accumulation_weights`): then sum_k w_k * sum_k / units_k = sum / units.
 
@@ -123,13 +150,41 @@ def loss_units(mask: torch.Tensor, mode: str = "token_mean", skip_empty_rows: bo
     is_real = mask.bool()
     if mode == "token_mean":
         return is_real.sum().float()
+    if mode == "prompt_mean":
+        if group_share is None:
+            raise ValueError("loss_agg='prompt_mean' needs each row's group_share (ppo.losses.group_shares)")
+        return group_share.sum().float()
     if skip_empty_rows:
         return is_real.any(-1).sum().float()
     return torch.tensor(float(mask.shape[0]), device=mask.device)
 
 
+def group_shares(mask: torch.Tensor, group_ids: torch.Tensor, skip_empty_rows: bool = False) -> torch.Tensor:
+    """Each row's share of its prompt group, ``[B]`` float64, for `loss_agg="prompt_mean"`.
+
+    A row's share is its masked tokens over its group's masked tokens (the rows of `mask`
+    with the same `group_ids`), so the shares of a group add up to 1 and `aggregate` gives
+    each of the group's tokens the weight 1 / group tokens. A group with no masked token
+    (filtered, or every response truncated under overlong masking) still counts as one
+    prompt, its rows sharing it equally, as SkyRL counts every prompt of the minibatch; with
+    `skip_empty_rows` it counts 0 and leaves the denominator.
+
+    >>> group_shares(torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [0, 0, 0]]), torch.tensor([0, 0, 1, 1])).tolist()
+    [0.75, 0.25, 1.0, 0.0]
+    >>> group_shares(torch.tensor([[1, 0], [0, 0], [0, 0]]), torch.tensor([0, 1, 1])).tolist()
+    [1.0, 0.5, 0.5]
+    """
+    row_tokens = mask.bool().sum(-1).double()  # [B]
+    _, group = torch.unique(group_ids, return_inverse=True)  # [B]: 0..groups-1
+    count = int(group.max()) + 1 if group.numel() else 0
+    group_tokens = torch.zeros(count, dtype=torch.float64, device=mask.device).index_add_(0, group, row_tokens)[group]
+    group_rows = torch.bincount(group, minlength=count).double()[group]  # [B]
+    empty_group_share = torch.zeros_like(row_tokens) if skip_empty_rows else 1.0 / group_rows
+    return torch.where(group_tokens > 0, row_tokens / group_tokens.clamp(min=1), empty_group_share)
+
+
 def token_loss_weights(mask: torch.Tensor, mode: str = "token_mean", max_len: int | None = None,
-                       skip_empty_rows: bool = False) -> torch.Tensor:
+                       skip_empty_rows: bool = False, group_share: torch.Tensor | None = None) -> torch.Tensor:
     """The weight `aggregate` gives each real token of a row, relative to `token_mean`'s, ``[B]``.
 
     `aggregate(values, mask, mode)` is linear in `values`; this returns, per row, the
@@ -138,7 +193,8 @@ def token_loss_weights(mask: torch.Tensor, mode: str = "token_mean", max_len: in
     `seq_mean_token_mean` a row of length L gets N / (B * L): long rows' tokens weigh less,
     which is how GRPO's per-sequence normalisation lets long wrong answers escape their
     penalty. Under `seq_mean_token_sum` every row gets N / B; under `seq_mean_token_sum_norm`
-    every row gets N / (B * max_len). Rows with no
+    every row gets N / (B * max_len); under `prompt_mean` N / (groups * group tokens).
+    Rows with no
     masked token get 0. The trainer logs these for incorrect responses (the
     `loss_weight_incorrect_*` metrics) to show how much less push long wrong answers got.
 
@@ -151,8 +207,10 @@ def token_loss_weights(mask: torch.Tensor, mode: str = "token_mean", max_len: in
     total_tokens = lengths.sum().clamp(min=1)
     if mode not in LOSS_AGG_MODES:
         raise ValueError(f"loss_agg must be one of {LOSS_AGG_MODES}, got loss_agg={mode!r}")
-    units = loss_units(mask, mode, skip_empty_rows).clamp(min=1)
-    if mode == "token_mean":
+    units = _nonzero(loss_units(mask, mode, skip_empty_rows, group_share))
+    if mode == "prompt_mean":
+        per_token = group_share.float() / (units * lengths.clamp(min=1))
+    elif mode == "token_mean":
         per_token = torch.ones_like(lengths) / units
     elif mode == "seq_mean_token_mean":
         per_token = 1.0 / (units * lengths.clamp(min=1))
@@ -241,6 +299,7 @@ def entropy_loss(
     loss_agg: str = "token_mean",
     max_len: int | None = None,
     skip_empty_rows: bool = False,
+    group_share: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Aggregated per-token policy entropy; the trainer subtracts `entropy_coef * entropy`.
 
@@ -250,7 +309,7 @@ def entropy_loss(
 
     Returns `(entropy_value, {"entropy": ...})`.
     """
-    value = aggregate(entropy, mask, loss_agg, max_len, skip_empty_rows)
+    value = aggregate(entropy, mask, loss_agg, max_len, skip_empty_rows, group_share)
     return value, {"entropy": value.item()}
 
 
@@ -262,6 +321,7 @@ def kl_loss(
     loss_agg: str = "token_mean",
     max_len: int | None = None,
     skip_empty_rows: bool = False,
+    group_share: torch.Tensor | None = None,
     old_logprobs: torch.Tensor | None = None,
     log_probs: torch.Tensor | None = None,
     ref_log_probs: torch.Tensor | None = None,
@@ -287,7 +347,7 @@ def kl_loss(
         per_token = kl_penalty(logprobs, ref_logprobs, estimator=estimator)  # [B, T]
     if old_logprobs is not None:
         per_token = importance_weighted_kl(per_token, logprobs, old_logprobs)  # [B, T]
-    loss = aggregate(per_token, mask, loss_agg, max_len, skip_empty_rows)
+    loss = aggregate(per_token, mask, loss_agg, max_len, skip_empty_rows, group_share)
     return loss, {"kl_loss": loss.item()}
 
 

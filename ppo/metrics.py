@@ -28,7 +28,7 @@ from gae import compute_gae
 
 from . import distributed
 from .filtering import zero_advantage_groups
-from .losses import explained_variance, token_loss_weights
+from .losses import explained_variance, group_shares, token_loss_weights
 
 
 class PhaseTimer:
@@ -189,7 +189,9 @@ def _add_incorrect_length_weights(means, cfg, lengths, correct, response_mask, s
     N / (B * L)); under `token_mean` and Dr. GRPO's constant both are equal. Weights are
     those of this rank's batch over the response mask (`ppo.losses.token_loss_weights`).
     """
-    weights = token_loss_weights(response_mask, cfg.loss_agg, cfg.response_length, skip_empty_rows)  # [B]
+    groups = torch.arange(response_mask.shape[0], device=response_mask.device) // cfg.group_size  # [B]
+    shares = group_shares(response_mask, groups, skip_empty_rows) if cfg.loss_agg == "prompt_mean" else None
+    weights = token_loss_weights(response_mask, cfg.loss_agg, cfg.response_length, skip_empty_rows, shares)  # [B]
     incorrect = (~correct).double()
     totals = distributed.global_sum(torch.stack([(lengths.double() * incorrect).sum(), incorrect.sum()]))
     mean_length = totals[0] / totals[1].clamp(min=1)

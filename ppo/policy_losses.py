@@ -81,6 +81,7 @@ def policy_loss(
     loss_agg: str = "token_mean",
     max_len: int | None = None,
     skip_empty_rows: bool = False,
+    group_share: torch.Tensor | None = None,
     name: str = "vanilla",
     train_on: torch.Tensor | None = None,
     cov_fraction: float = 2e-4,
@@ -96,6 +97,7 @@ def policy_loss(
         old_logprobs: `[B, T]` log-probs under the policy that sampled them (no grad).
         advantages: `[B, T]`.
         response_mask: `[B, T]`, 1 on the tokens in the loss; it is the denominator of `loss_agg`.
+        group_share: `[B]`, each row's share of its prompt group (`loss_agg="prompt_mean"` only).
         clip_low, clip_high, dual_clip: the clip ranges (`clip_high=None`: symmetric).
         train_on: optional `[B, T]` bool, the tokens that get a gradient (`top_entropy_mask`);
             the others count in the denominator but add 0, as TRL masks them.
@@ -121,7 +123,7 @@ def policy_loss(
         clip_cov_low=clip_cov_low, clip_cov_high=clip_cov_high, kl_cov_coef=kl_cov_coef, generator=generator)
     if train_on is not None:
         per_token = torch.where(train_on.bool(), per_token, torch.zeros_like(per_token))  # [B, T]
-    loss = aggregate(per_token, response_mask, loss_agg, max_len, skip_empty_rows)
+    loss = aggregate(per_token, response_mask, loss_agg, max_len, skip_empty_rows, group_share)
 
     with torch.no_grad():
         mask = response_mask.bool()

@@ -34,7 +34,7 @@ from gae import estimate_advantages, whiten
 from value_model.reward_model import last_token_scores
 
 from . import allocator, checkpoints, distributed, guards, rollout_correction, run_loop
-from .buffer import ExperienceBuffer, accumulation_weights
+from .buffer import ExperienceBuffer, accumulation_weights, with_group_shares
 from .config import PPOConfig
 from .dynamic_sampling import ScoredBatch, sample_batch
 from .evaluation import score_batch
@@ -267,19 +267,22 @@ class RLTrainer:
                 break
             if cfg.whiten_advantages and cfg.whiten_advantages_per_minibatch:
                 micro_batches = self._whiten_minibatch_advantages(micro_batches)
+            if cfg.loss_agg == "prompt_mean":  # each prompt weighs the same, however its group was split
+                micro_batches = with_group_shares(micro_batches, cfg.group_size, self.skip_empty_rows)
             # Weight each micro-batch by its share of the *global* minibatch (tokens or
             # sequences, counted over all ranks), so the accumulated gradient equals one big
             # minibatch on one process; the critic's token-mean loss gets token shares.
             critic_masks = [m["critic_mask"] for m in micro_batches] if "critic_mask" in micro_batches[0] else None
             policy_weights, value_weights = accumulation_weights(
                 [m["loss_mask"] for m in micro_batches], cfg.loss_agg, self.skip_empty_rows, distributed.global_sum,
-                value_masks=critic_masks)
+                value_masks=critic_masks, group_shares=[m.get("group_share") for m in micro_batches])
             minibatch_approx_kl = minibatch_loss = 0.0  # the loss is checked for NaN before stepping
             entropy_coef = self.entropy_control.applied  # one coefficient for the whole minibatch
             for micro, weight, value_weight in zip(micro_batches, policy_weights, value_weights):
                 outputs = self.passes.update(micro)  # logprobs, entropy (, values): [b, T], with autograd
                 logprobs, entropy, mask = outputs["logprobs"], outputs["entropy"], micro["loss_mask"]
-                agg = dict(loss_agg=cfg.loss_agg, max_len=cfg.response_length, skip_empty_rows=self.skip_empty_rows)
+                agg = dict(loss_agg=cfg.loss_agg, max_len=cfg.response_length, skip_empty_rows=self.skip_empty_rows,
+                           group_share=micro.get("group_share"))
                 train_on = (top_entropy_mask(entropy, mask, cfg.top_entropy_quantile)
                             if cfg.top_entropy_quantile < 1.0 else None)  # [b, T] or all tokens
                 loss, metrics = policy_loss(logprobs, micro["old_logprobs"], micro["advantages"], mask,

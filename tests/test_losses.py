@@ -10,6 +10,7 @@ from ppo.losses import (
     aggregate,
     entropy_loss,
     explained_variance,
+    group_shares,
     kl_loss,
     policy_loss,
     token_loss_weights,
@@ -43,8 +44,49 @@ def test_aggregate_modes(mode, expected):
 
 
 def test_aggregate_modes_give_different_numbers():
-    results = {round(aggregate(AGG_VALUES, AGG_MASK, mode).item(), 4) for mode in LOSS_AGG_MODES}
-    assert len(results) == len(LOSS_AGG_MODES) == 4
+    # prompt_mean needs groups; its own three-way example is below
+    modes = [mode for mode in LOSS_AGG_MODES if mode != "prompt_mean"]
+    results = {round(aggregate(AGG_VALUES, AGG_MASK, mode).item(), 4) for mode in modes}
+    assert len(results) == len(modes) == 4
+
+
+PROMPT_VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])
+PROMPT_MASK = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0]])
+PROMPT_GROUPS = torch.tensor([0, 0, 1])  # rows 0-1 answer one prompt, row 2 another
+
+
+def test_prompt_mean_hand_computed_value_and_gradient():
+    shares = group_shares(PROMPT_MASK, PROMPT_GROUPS)
+    assert shares.tolist() == [0.75, 0.25, 1.0]  # 3 of group 0's 4 tokens, 1 of 4; all of group 1's
+    values = PROMPT_VALUES.clone().requires_grad_(True)
+    loss = aggregate(values, PROMPT_MASK, "prompt_mean", group_share=shares)
+    assert loss.item() == pytest.approx(5.0)  # ((1+2+3+4)/4 + (7+8)/2) / 2
+    assert aggregate(PROMPT_VALUES, PROMPT_MASK, "token_mean").item() == pytest.approx(25 / 6)
+    assert aggregate(PROMPT_VALUES, PROMPT_MASK, "seq_mean_token_mean").item() == pytest.approx(4.5)
+    loss.backward()
+    # 1 / (2 prompts * 4 tokens) for group 0's tokens, 1 / (2 * 2) for group 1's
+    expected = torch.tensor([[0.125, 0.125, 0.125], [0.125, 0, 0], [0.25, 0.25, 0]])
+    torch.testing.assert_close(values.grad, expected)
+
+
+def test_prompt_mean_with_one_response_per_prompt_is_the_sequence_mean():
+    shares = group_shares(PROMPT_MASK, torch.arange(3))
+    assert aggregate(PROMPT_VALUES, PROMPT_MASK, "prompt_mean", group_share=shares).item() == pytest.approx(
+        aggregate(PROMPT_VALUES, PROMPT_MASK, "seq_mean_token_mean").item())
+
+
+def test_prompt_mean_counts_an_empty_group_unless_skipped():
+    mask = PROMPT_MASK.clone()
+    mask[2] = 0  # group 1 filtered out
+    kept = aggregate(PROMPT_VALUES, mask, "prompt_mean", group_share=group_shares(mask, PROMPT_GROUPS))
+    skipped = aggregate(PROMPT_VALUES, mask, "prompt_mean", group_share=group_shares(mask, PROMPT_GROUPS, True))
+    assert kept.item() == pytest.approx(2.5 / 2)  # two prompts, one contributes 0
+    assert skipped.item() == pytest.approx(2.5)
+
+
+def test_prompt_mean_without_group_shares_is_refused():
+    with pytest.raises(ValueError, match="prompt_mean.*group_share"):
+        aggregate(PROMPT_VALUES, PROMPT_MASK, "prompt_mean")
 
 
 def test_aggregate_sum_norm_uses_given_max_len():
@@ -99,9 +141,10 @@ def test_token_loss_weights_are_the_gradient_of_aggregate(mode, skip_empty_rows)
     # d aggregate / d value, times the number of real tokens, row by row
     mask = torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0], [0, 0, 0, 0, 0]])
     values = torch.randn(4, 5, requires_grad=True)
-    aggregate(values, mask, mode, max_len=7, skip_empty_rows=skip_empty_rows).backward()
+    shares = group_shares(mask, torch.tensor([0, 0, 1, 1]), skip_empty_rows) if mode == "prompt_mean" else None
+    aggregate(values, mask, mode, max_len=7, skip_empty_rows=skip_empty_rows, group_share=shares).backward()
     per_row = values.grad[:, 0] * mask.sum()
-    weights = token_loss_weights(mask, mode, max_len=7, skip_empty_rows=skip_empty_rows)
+    weights = token_loss_weights(mask, mode, max_len=7, skip_empty_rows=skip_empty_rows, group_share=shares)
     assert torch.allclose(weights, per_row)
     assert torch.allclose(values.grad * mask.sum(), weights[:, None] * mask)
 

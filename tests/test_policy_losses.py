@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from ppo.config import PPOConfig
-from ppo.losses import LOSS_AGG_MODES, aggregate
+from ppo.losses import LOSS_AGG_MODES, aggregate, group_shares
 from ppo.policy_losses import POLICY_LOSSES, EntropyControl, policy_loss, top_entropy_mask
 from ppo.rewards import overlong_penalty
 
@@ -151,7 +151,14 @@ def _random_batch(seed, on_policy=True):
     return old, old + shift, advantages, mask
 
 
-@pytest.mark.parametrize("loss_agg", LOSS_AGG_MODES)
+def _groups(loss_agg, mask):
+    """`group_share` for `prompt_mean` (three rows per prompt), nothing for the other modes."""
+    if loss_agg != "prompt_mean":
+        return {}
+    return {"group_share": group_shares(mask, torch.arange(mask.shape[0]) // 3)}
+
+
+@pytest.mark.parametrize("loss_agg", [mode for mode in LOSS_AGG_MODES if mode != "prompt_mean"])  # the previous code's
 @pytest.mark.parametrize("on_policy", [True, False])
 @pytest.mark.parametrize("dual_clip", [None, 3.0])
 def test_registry_vanilla_is_the_previous_code_bit_for_bit(loss_agg, on_policy, dual_clip):
@@ -177,7 +184,8 @@ def test_at_ratio_one_the_losses_are_token_ppo(name, loss_agg):
     results = []
     for loss_name in ("vanilla", name):
         logprobs = new.clone().requires_grad_(True)
-        loss, _ = policy_loss(logprobs, old, advantages, mask, name=loss_name, loss_agg=loss_agg)
+        loss, _ = policy_loss(logprobs, old, advantages, mask, name=loss_name, loss_agg=loss_agg,
+                              **_groups(loss_agg, mask))
         loss.backward()
         results.append((loss.detach(), logprobs.grad))
     torch.testing.assert_close(results[1][0], results[0][0], atol=1e-6, rtol=1e-6)
@@ -188,10 +196,10 @@ def test_at_ratio_one_the_losses_are_token_ppo(name, loss_agg):
 def test_cispo_gradient_is_reinforce_at_ratio_one(loss_agg):
     old, new, advantages, mask = _random_batch(3)
     logprobs = new.clone().requires_grad_(True)
-    loss, _ = policy_loss(logprobs, old, advantages, mask, name="cispo", loss_agg=loss_agg)
+    loss, _ = policy_loss(logprobs, old, advantages, mask, name="cispo", loss_agg=loss_agg, **_groups(loss_agg, mask))
     loss.backward()
     reference = new.clone().requires_grad_(True)
-    aggregate(-advantages * reference, mask, loss_agg).backward()  # REINFORCE: -A log pi
+    aggregate(-advantages * reference, mask, loss_agg, **_groups(loss_agg, mask)).backward()  # REINFORCE: -A log pi
     assert torch.equal(logprobs.grad, reference.grad)
 
 

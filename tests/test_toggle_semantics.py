@@ -16,7 +16,7 @@ from ppo.buffer import accumulation_weights
 from ppo.config import PPOConfig, preset
 from ppo.dynamic_sampling import ScoredBatch, sample_batch
 from ppo.kl import AdaptiveKLController, AlpacaFarmKLController, make_kl_controller
-from ppo.losses import LOSS_AGG_MODES, aggregate, policy_loss, value_loss
+from ppo.losses import LOSS_AGG_MODES, aggregate, group_shares, policy_loss, value_loss
 from ppo.rewards import whiten_rewards, whitening_gae_mask
 from ppo.rollout import Rollout
 from ppo.tasks.base import Problem
@@ -117,15 +117,20 @@ def test_accumulation_over_micro_batches_equals_the_full_batch(loss_agg, skip_em
     logprobs = (old_logprobs + 0.1 * torch.randn(batch, horizon)).requires_grad_()
     values = (old_values + 0.3 * torch.randn(batch, horizon)).requires_grad_()
 
+    # prompt_mean: three rows per prompt, so micro-batches of two rows split the groups
+    shares = group_shares(mask, torch.arange(batch) // 3, skip_empty_rows) if loss_agg == "prompt_mean" else None
+
     def total_loss(rows, policy_weight=1.0, value_weight=1.0):
         pg, _ = policy_loss(logprobs[rows], old_logprobs[rows], advantages[rows], mask[rows], loss_agg=loss_agg,
-                            max_len=horizon, skip_empty_rows=skip_empty_rows)
+                            max_len=horizon, skip_empty_rows=skip_empty_rows,
+                            group_share=None if shares is None else shares[rows])
         vf, _ = value_loss(values[rows], old_values[rows], returns[rows], mask[rows], clip_range_value=0.2)
         return policy_weight * pg + value_weight * 0.1 * vf
 
     full = torch.autograd.grad(total_loss(torch.arange(batch)), [logprobs, values])
     micro_rows = torch.arange(batch).chunk(k)
-    policy_w, value_w = accumulation_weights([mask[r] for r in micro_rows], loss_agg, skip_empty_rows)
+    policy_w, value_w = accumulation_weights([mask[r] for r in micro_rows], loss_agg, skip_empty_rows,
+                                             group_shares=None if shares is None else [shares[r] for r in micro_rows])
     accumulated = torch.autograd.grad(sum(total_loss(r, pw, vw) for r, pw, vw in zip(micro_rows, policy_w, value_w)),
                                       [logprobs, values])
     for exact, summed in zip(full, accumulated):

@@ -232,6 +232,23 @@ def test_loss_weights_of_long_and_short_wrong_answers_follow_loss_agg(tmp_path, 
     assert weights["token_mean"] == (1.0, 1.0)
 
 
+def test_prompt_mean_is_exact_over_micro_batches_and_differs_from_token_mean(tmp_path, tiny_model_dir):
+    """SkyRL's prompt_mean in the loop: the shuffle splits groups over micro-batches, and the
+    update still equals one big minibatch's; it is not token_mean's update."""
+    rewards = lambda prompts, responses: [float(len(r) % 3) for r in responses]  # noqa: E731 - varied advantages
+    weights = {}
+    for name, loss_agg, micro in (("one", "prompt_mean", 1), ("four", "prompt_mean", 4), ("token", "token_mean", 1)):
+        config = preset("grpo", task="custom", model_path=str(tiny_model_dir), output_dir=str(tmp_path / name),
+                        group_size=4, loss_agg=loss_agg, gradient_accumulation_steps=micro, seed=3,
+                        **{**TINY, "total_steps": 1})
+        trainer = RLTrainer(config, prompts=["1+1=", "2+3="], reward_fn=rewards)
+        trainer.train_step()
+        weights[name] = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
+    for key, value in weights["one"].items():
+        torch.testing.assert_close(weights["four"][key], value, atol=1e-6, rtol=1e-5)
+    assert any(not torch.allclose(weights["token"][k], v, atol=1e-6) for k, v in weights["one"].items())
+
+
 def test_the_example_in_rltrainers_docstring_runs(tmp_path, monkeypatch):
     """RLTrainer's docstring example, run as written (in a temporary directory): it trains
     and returns held-out metrics."""

@@ -19,10 +19,11 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test]"
 	touch $@
 
-# The sweep backends' extras (Ray, submitit): only the tests need them, so that their tests
-# run in CI instead of being skipped; `make demo` sweeps with the local backend.
+# The sweep backends' extras (Ray, submitit) and the trackers (W&B, MLflow, Trackio, all
+# tested offline): only the tests need them, so that their tests run in CI instead of being
+# skipped; `make demo` sweeps with the local backend and writes TensorBoard events.
 $(VENV)/.installed-extras: $(VENV)/.installed
-	$(PY) -m pip install --quiet -e ".[test,ray,slurm]"
+	$(PY) -m pip install --quiet -e ".[test,ray,slurm,wandb,mlflow,trackio]"
 	touch $@
 
 install: $(VENV)/.installed

@@ -99,6 +99,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"run: {error}", file=sys.stderr)
         return USAGE_ERROR
+    from ppo.trackers import TrackerError
+
     from .backends import BackendUnavailable, SweepDirNotShared, make_backend
     from .runner import run_sweep
 
@@ -109,8 +111,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                partition=args.partition, time_min=args.time_min)
         result = run_sweep(ablations, sweep_dir, seeds=args.seeds, steps=args.steps,
                            workers=args.workers, threads=args.threads, timeout=args.timeout, progress=True, reuse=not args.no_reuse,
-                           backend=backend, compile_forward=args.compile)
-    except (ValueError, BackendUnavailable) as error:
+                           backend=backend, compile_forward=args.compile, report_to=_tracker_names(args.report_to))
+    except (ValueError, BackendUnavailable, TrackerError) as error:
         print(f"run: {error}", file=sys.stderr)
         return USAGE_ERROR
     except SweepDirNotShared as error:
@@ -125,6 +127,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     # A sweep with failed runs still gets its report (from the runs that finished), but the
     # exit code says it is incomplete so scripts do not mistake it for a full result.
     return 1 if result.failed else status
+
+
+def _tracker_names(values: list[str] | None) -> list[str] | None:
+    """``--report-to mlflow wandb`` or ``--report-to mlflow,wandb`` -> the list; 'none' -> []."""
+    if values is None:
+        return None
+    names = [name.strip() for value in values for name in value.split(",") if name.strip()]
+    return [] if names == ["none"] else names
 
 
 def cmd_report(args: argparse.Namespace) -> int:
@@ -172,6 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-reuse", action="store_true",
                      help="train every run, even one whose config equals a complete run's in the sweep dir "
                           "(by default such a run copies that run's outputs)")
+    run.add_argument("--report-to", nargs="+", metavar="TRACKER", default=None,
+                     help="send every run to these trackers (PPOConfig.report_to: tensorboard, wandb, mlflow, "
+                          "trackio; 'none' for metrics.jsonl only), grouped by sweep/ablation/variant and tagged "
+                          "with sweep, ablation, variant and seed (default: each run's own report_to)")
     run.add_argument("--out", default=None, help="sweep directory (default: sweeps/<first NAME>); on a "
                      "cluster it must be on a filesystem every node sees at the same path")
     run.add_argument("--backend", choices=("local", "ray", "slurm"), default="local",

@@ -72,7 +72,7 @@ from .run_dirs import REUSED_FROM, completed_runs_by_fingerprint, copy_run, prep
 from .run_process import (PR_SET_PDEATHSIG, STOP_GRACE_SECONDS, SweepInterrupted, _die_with_parent, _live_lock,
                           _live_processes, _raise_interrupted, _stop_process_group, code_roots)
 from .sweep_plan import (RESUME_IGNORED_FIELDS, REUSE_IGNORED_FIELDS, RunOutcome, RunSpec, SweepResult,
-                         config_fingerprint, plan_runs, resolve_ablation, sweep_config)
+                         config_fingerprint, plan_runs, resolve_ablation, sweep_config, tracked_config)
 
 if TYPE_CHECKING:
     from .backends import Backend
@@ -208,7 +208,7 @@ def _command_line() -> str:
 
 
 def _write_sweep_json(sweep_dir: Path, names: list[str], seeds: int, steps: int | None, workers: int | None,
-                      backend: dict, compile_forward: bool = False) -> None:
+                      backend: dict, compile_forward: bool = False, report_to: list[str] | None = None) -> None:
     """Record what was asked for; ablations accumulate so one dir can hold several sweeps."""
     path = sweep_dir / "sweep.json"
     previous = {}
@@ -225,6 +225,7 @@ def _write_sweep_json(sweep_dir: Path, names: list[str], seeds: int, steps: int 
         "steps": steps,
         "workers": workers,
         "compile_forward": compile_forward,
+        "report_to": report_to,
         "backend": backend,
         "started": datetime.now().isoformat(timespec="seconds"),
         "command": _command_line(),
@@ -249,13 +250,16 @@ def _failed_by_backend(spec: RunSpec, backend_name: str, error: BaseException) -
 def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path, seeds: int = 3,
               steps: int | None = None, workers: int | None = None, timeout: float | None = None,
               progress: bool = True, reuse: bool = True, backend: "Backend | None" = None,
-              threads: int | None = None, compile_forward: bool = False) -> SweepResult:
+              threads: int | None = None, compile_forward: bool = False,
+              report_to: list[str] | None = None) -> SweepResult:
     """Run every variant x seed of the named ablations into `sweep_dir`; see the module doc.
 
     `backend` says where the runs execute (`ablations.backends`); the default is a local
     process pool of `workers` concurrent runs (default: one per CPU core); each run gets
     `threads` torch threads (default: the backend's share); `compile_forward` compiles the
-    lean forward of every run (`sweep_config`). `timeout` seconds
+    lean forward of every run (`sweep_config`); `report_to` replaces every run's trackers
+    (`PPOConfig.report_to`), and every run carries its sweep, ablation, variant and seed as
+    the trackers' group and tags (`tracked_config`). `timeout` seconds
     per run (None: no limit). Complete runs are skipped, failed ones retried; with `reuse`, a
     run identical to a complete one is copied instead of trained. All of this happens here,
     in the driver, the same for every backend: a backend only executes `attempt_run`.
@@ -276,14 +280,19 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1 (got {threads})")
     threads = threads or backend.threads_per_run()
+    if report_to is not None:
+        from ppo.trackers import check_installed
+
+        check_installed(report_to)  # once here, rather than once per run
 
     # Absolute, so a run's paths mean the same thing on a worker with another working directory.
     sweep_dir = Path(sweep_dir).absolute()
     specs = [spec for ablation in ablations for spec in plan_runs(ablation, seeds, steps, sweep_dir)]
     for spec in specs:
+        spec.config = tracked_config(spec, sweep_dir.name, report_to)
         spec.config = sweep_config(spec.config, threads, compile_forward)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    _write_sweep_json(sweep_dir, names, seeds, steps, workers, backend.describe(), compile_forward)
+    _write_sweep_json(sweep_dir, names, seeds, steps, workers, backend.describe(), compile_forward, report_to)
 
     result = SweepResult(sweep_dir)
     pending = []

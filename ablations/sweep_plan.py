@@ -1,7 +1,8 @@
 """What a sweep runs: one `RunSpec` per (ablation, variant, seed), and what came of each.
 
 `plan_runs` lays the runs out (``SWEEP_DIR/<ablation>/<variant>/seed<k>/``, seeds from 1),
-`sweep_config` gives each the config a sweep trains it with, and `config_fingerprint` says
+`sweep_config` gives each the config a sweep trains it with, `tracked_config` the labels a
+tracker groups it by, and `config_fingerprint` says
 when two configs compute the same thing (a run resumed from a checkpoint, or copied from an
 identical run). `RunOutcome` and `SweepResult` are what `ablations.runner.run_sweep` returns.
 """
@@ -21,11 +22,14 @@ if TYPE_CHECKING:
 # Config fields that may differ between a checkpoint and a resumed attempt: they change how
 # fast a run goes, what it prints, or how its (same) directory is spelled, not what it computes.
 # ``compile_forward`` is one of them: compiled kernels round differently, as threads do.
-RESUME_IGNORED_FIELDS = ("threads", "compile_forward", "retain_freed_memory", "progress", "output_dir")
+# Where a run reports (`TRACKER_FIELDS`) is among them too.
+TRACKER_FIELDS = ("report_to", "tracker_project", "run_name", "run_group", "run_tags")
+RESUME_IGNORED_FIELDS = ("threads", "compile_forward", "retain_freed_memory", "progress", "output_dir", *TRACKER_FIELDS)
 # Config fields that may differ between two runs that compute the same thing (for reuse).
 # ``threads`` is not among them: reductions split over a different number of threads round
-# differently, and over many sampled steps that changes the run.
-REUSE_IGNORED_FIELDS = ("output_dir", "progress")
+# differently, and over many sampled steps that changes the run. A run copied from an
+# identical one is not sent to the trackers (``run --no-reuse`` trains and sends every run).
+REUSE_IGNORED_FIELDS = ("output_dir", "progress", *TRACKER_FIELDS)
 
 
 @dataclass
@@ -139,6 +143,18 @@ def sweep_config(config: PPOConfig, threads: int, compile_forward: bool = False)
     if compile_forward and config.lean_forward:
         config = config.replace(compile_forward=True)
     return config
+
+
+def tracked_config(spec: RunSpec, sweep_name: str, report_to: list[str] | None = None) -> PPOConfig:
+    """`spec`'s config labelled for experiment trackers: named ``<sweep>/<ablation>/<variant>/seed<k>``,
+    grouped by ``<sweep>/<ablation>/<variant>`` and tagged with sweep, ablation, variant and seed,
+    so a tracker's UI can group and filter the sweep's runs by variant (ppo/trackers.py).
+    `report_to` (``run --report-to``) replaces the config's own list when given."""
+    config = spec.config.replace(
+        run_name=f"{sweep_name}/{spec.label}", run_group=f"{sweep_name}/{spec.ablation}/{spec.variant}",
+        run_tags={**spec.config.run_tags, "sweep": sweep_name, "ablation": spec.ablation, "variant": spec.variant,
+                  "seed": spec.seed})
+    return config if report_to is None else config.replace(report_to=list(report_to))
 
 
 def config_fingerprint(config: PPOConfig, ignored: tuple[str, ...] = REUSE_IGNORED_FIELDS) -> str:

@@ -2,8 +2,8 @@
 
 A checkpoint is a folder ``OUTPUT_DIR/checkpoints/step_NNNNNN`` holding
 
-- ``policy/`` (weights and tokenizer, or the LoRA adapter) and ``value/`` (the critic),
-  both as safetensors;
+- ``policy/`` (weights and tokenizer, or the LoRA adapter, and a model card ``README.md``:
+  `ppo.model_card`) and ``value/`` (the critic), both as safetensors;
 - ``trainer_state.pt``: optimizer and scheduler state, the RNG streams of the main process;
 - ``state.json``: step, KL controller, adaptive entropy coefficient, retired prompts, world
   size, samples generated;
@@ -36,7 +36,7 @@ import torch
 
 from value_model.model import load_value_weights
 
-from . import distributed, run_dir
+from . import distributed, model_card, run_dir
 from .evaluation import accelerator_rng_devices
 from .lora import load_policy_weights, save_policy
 
@@ -84,6 +84,7 @@ def _write_main(trainer: RLTrainer, tmp: Path) -> None:
     tmp.mkdir(parents=True)
     save_policy(trainer.accelerator.unwrap_model(trainer.policy), tmp / "policy")
     trainer.tokenizer.save_pretrained(tmp / "policy")
+    model_card.write(tmp / "policy", trainer)  # README.md: what this policy is, for whoever finds it later
     if trainer.value_model is not None:
         trainer.accelerator.unwrap_model(trainer.value_model).save_pretrained(tmp / "value")
     if _moving_reference(trainer):  # a refreshed reference is training state too

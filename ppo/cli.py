@@ -9,6 +9,7 @@ Examples::
 
     ppo-train --preset alpacafarm --testbed --seed 1 --output-dir runs/af_s1
     ppo-train --preset grpo --testbed --kl-coef 0 --output-dir runs/grpo_beta0
+    WANDB_MODE=offline ppo-train --preset grpo --testbed --report-to tensorboard,wandb --output-dir runs/grpo_s1
     ppo-train --output-dir runs/af_s1 --resume
     ppo-train --output-dir runs/af_s1 --resume --total-steps 200 --lr 5e-6 --allow-change lr
 
@@ -17,8 +18,8 @@ of `ppo.config.RESUMABLE_FIELDS` unless each changed field is named with ``--all
 allowed changes are recorded in the run's ``resume_history.jsonl``. A field of
 `RESUMABLE_FIELDS` that a resume does not repeat keeps the run's stored value (not the
 preset's). Config files with a key set twice are refused. Errors of the run (bad config,
-damaged run directory, non-finite rewards, another process writing the run) print one
-message, no traceback.
+damaged run directory, non-finite rewards, another process writing the run, a tracker
+of ``--report-to`` not installed or not configured) print one message, no traceback.
 """
 
 from __future__ import annotations
@@ -127,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(error))
     from .guards import NonFiniteError, RewardTypeError
     from .run_dir import RunDirectoryError
+    from .trackers import TrackerError
     from .trainer import RLTrainer
 
     try:
@@ -134,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = trainer.train(resume=args.resume, restart=args.restart, allow_changes=args.allow_change)
     # The run's own errors are messages for the user, not bugs: one line, no traceback.
     except (ValueError, FileNotFoundError, FileExistsError, NonFiniteError, RewardTypeError,
-            RunDirectoryError) as error:
+            RunDirectoryError, TrackerError) as error:
         if os.environ.get("PPO_TRACEBACK"):
             raise
         print(f"ppo-train: error: {error}", file=sys.stderr)

@@ -43,7 +43,8 @@ MAX_SEED = 2**63 - 1
 # on, never what one step computes. Any other difference between a run's config.yaml and
 # the resuming config is refused unless explicitly allowed (`resume_conflicts`).
 RESUMABLE_FIELDS = ("total_steps", "output_dir", "device", "threads", "progress", "eval_every", "save_every",
-                    "keep_checkpoints", "log_samples", "retain_freed_memory")
+                    "keep_checkpoints", "log_samples", "retain_freed_memory", "report_to", "tracker_project", "run_name",
+                    "run_group", "run_tags")
 LOSS_AGG_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "prompt_mean")
 REWARD_WHITENING_MODES = ("masked", "stats", "alpacafarm")  # ppo/rewards.py whiten_rewards
 SCORE_POSITIONS = ("last_token", "after_last_token")  # ppo/rewards.py shape_rewards
@@ -225,6 +226,11 @@ class PPOConfig:
     save_every: int = _f(50, "Checkpoint every N steps, and at the end; 0 = only at the end.")
     keep_checkpoints: int = _f(2, "Most recent checkpoints kept on disk.")
     progress: bool = _f(True, "Show a progress bar.")
+    report_to: list[str] = _f(["tensorboard"], "Where step metrics go besides metrics.jsonl: any of 'tensorboard' (event files in output_dir), 'wandb', 'mlflow', 'trackio' (accelerate's trackers, each an optional extra); [] = none (TRL report_to).")
+    tracker_project: str = _f("ppo-details", "Project (W&B, Trackio) or experiment (MLflow) the run is filed under in a tracker.")
+    run_name: str | None = _f(None, "The run's name in a tracker; None = output_dir.")
+    run_group: str | None = _f(None, "Group of runs in a tracker (W&B and Trackio group, MLflow tag 'group'); a sweep sets sweep/ablation/variant.")
+    run_tags: dict = _f({}, "Labels on the run in a tracker, name: value (W&B tags 'name:value', MLflow tags); a sweep sets sweep, ablation, variant and seed.")
 
     # ------------------------------------------------------------------ devices, precision and memory
     device: str = _f("auto", "'auto' (accelerate picks), 'cpu' or 'cuda'.")

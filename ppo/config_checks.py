@@ -28,6 +28,10 @@ def coerce_types(config) -> None:
             setattr(config, f.name, value)
         if base == "list[int]" and isinstance(value, int) and not isinstance(value, bool):
             setattr(config, f.name, [value])  # `--stop-token-ids 2`
+        if base == "list[str]" and isinstance(value, str):
+            # `--report-to wandb`, `--report-to wandb,mlflow`; 'none' is TRL's spelling of [].
+            names = [name.strip() for name in value.split(",") if name.strip()]
+            setattr(config, f.name, [] if names == ["none"] else names)
         try:
             if base == "float" and not isinstance(value, bool) and isinstance(value, (int, float, str)):
                 setattr(config, f.name, float(value))
@@ -108,6 +112,7 @@ def validate(config) -> None:
             bad(name, "must be >= 0")
     if config.eval_size is not None and config.eval_size < 1:
         bad("eval_size", "must be a positive integer or None")
+    _validate_trackers(config, bad)
     choice("task", ("arithmetic", "preference", "gsm8k", "custom"))
     choice("gsm8k_answer_mode", GSM8K_ANSWER_MODES)
     if config.task == "preference" and not config.reward_model_path:
@@ -218,3 +223,26 @@ def _validate_policy_loss(config, bad) -> None:
         bad("entropy_target", "must be > 0 or None")
     if not 0 <= config.overlong_buffer_length < config.response_length:
         bad("overlong_buffer_length", f"must be in [0, response_length) = [0, {config.response_length})")
+
+
+def _validate_trackers(config, bad) -> None:
+    """report_to names known trackers (ppo/trackers.py); the labels a tracker files the run under are text."""
+    from .trackers import TRACKERS
+
+    if not isinstance(config.report_to, list) or not all(isinstance(name, str) for name in config.report_to):
+        bad("report_to", f"must be a list of tracker names from {list(TRACKERS)}")
+    unknown = [name for name in config.report_to if name not in TRACKERS]
+    if unknown:
+        bad("report_to", f"unknown tracker(s) {unknown}; known: {list(TRACKERS)} ([] or 'none' = metrics.jsonl only)")
+    if len(set(config.report_to)) != len(config.report_to):
+        bad("report_to", "names a tracker twice")
+    if not config.tracker_project.strip():
+        bad("tracker_project", "must be a non-empty name")
+    for name in ("run_name", "run_group"):
+        if getattr(config, name) is not None and not getattr(config, name).strip():
+            bad(name, "must be a non-empty name or None")
+    tags = config.run_tags
+    if not isinstance(tags, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, (str, int, float)) and not isinstance(v, bool)
+            for k, v in tags.items()):
+        bad("run_tags", "must be a mapping of name: value (text or numbers)")

@@ -3,7 +3,8 @@
 `RLTrainer.train` and `RLTrainer.evaluate` are one call each into this module. A run
 directory holds `config.yaml`, tensorboard events, `metrics.jsonl` (one JSON object per
 step; step 0 is the initial evaluation), `samples.jsonl`, `initial_eval.json`,
-`checkpoints/` and `summary.json`. Only the main process writes them (data parallel).
+`checkpoints/` and `summary.json`. Only the main process writes them (data parallel), and
+only it sends the same rows to the trackers of `report_to` (ppo/trackers.py).
 What a resume may change and how damaged directories are handled: ppo/run_dir.py and
 ppo/checkpoints.py (docs/reliability.md).
 """
@@ -11,17 +12,16 @@ ppo/checkpoints.py (docs/reliability.md).
 from __future__ import annotations
 
 import json
-import math
 import time
 import warnings
 
 from tqdm.auto import tqdm
 
-from . import distributed, provenance, run_dir
-from .config import describe
+from . import distributed, provenance, run_dir, trackers
 from .evaluation import evaluate as evaluate_policy
 from .evaluation import preserve_rng_state
 from .guards import NonFiniteError, RewardFunctionError
+from .trackers import write_scalars  # noqa: F401  (public here before trackers.py)
 
 
 def evaluate(trainer) -> dict:
@@ -60,6 +60,7 @@ def train(trainer, resume: bool = False, stop_after: int | None = None, restart:
     The main process holds the run directory's lock throughout (`run_dir.lock_run`): a second
     process starting or resuming the same run fails at once instead of mixing its steps in.
     """
+    trackers.check_installed(trainer.config.report_to)  # every rank stops before anything is written
     lock, refusal = None, None
     if distributed.is_main_process():
         try:
@@ -72,13 +73,14 @@ def train(trainer, resume: bool = False, stop_after: int | None = None, restart:
     try:
         return _train(trainer, resume, stop_after, restart, allow_changes)
     finally:
+        if trainer.trackers is not None:
+            trainer.trackers.close()
+            trainer.trackers = None
         if lock is not None:
             lock.release()
 
 
 def _train(trainer, resume, stop_after, restart, allow_changes) -> dict:
-    from torch.utils.tensorboard import SummaryWriter
-
     cfg, output_dir = trainer.config, trainer.output_dir
     start_time = time.perf_counter()
     main = distributed.is_main_process()  # one writer: only the main process writes the run directory
@@ -103,15 +105,21 @@ def _train(trainer, resume, stop_after, restart, allow_changes) -> dict:
         if not loaded:
             warnings.warn(f"{output_dir}: no checkpoint yet; the run starts again from step 0")
     distributed.barrier()  # every rank has checked before the main process creates the run
+    refusal = None
     if main:
         run_dir.open_run(output_dir, cfg, resume, trainer.step if loaded else -1, changes)
-        trainer.writer = SummaryWriter(str(output_dir))
-        run_dir.record_written(output_dir, *output_dir.glob("events.out.tfevents.*"))
-        if trainer.step == 0:
-            trainer.writer.add_text("config", describe(cfg), 0)
+        try:
+            record = provenance.collect(trainer.model_path, cfg.threads, distributed.world_size())
+            trainer.trackers = trackers.open_trackers(cfg, output_dir, record, trainer.step)
+        except trackers.TrackerError as error:
+            refusal = str(error)
+    refusal = distributed.broadcast_object(refusal)  # a tracker that cannot start stops every rank
+    if refusal is not None:
+        raise trackers.TrackerError(refusal)
     initial_eval = None
     if trainer.step == 0:
         initial_eval = trainer.evaluate()
+        trainer.latest_eval = (0, initial_eval)
         log(trainer, {"step": 0, **{f"eval_{k}": v for k, v in initial_eval.items()}})
         if main:
             (output_dir / "initial_eval.json").write_text(json.dumps(initial_eval, indent=2))
@@ -129,6 +137,7 @@ def _train(trainer, resume, stop_after, restart, allow_changes) -> dict:
         last = trainer.step == cfg.total_steps
         if last or (cfg.eval_every and trainer.step % cfg.eval_every == 0):
             eval_metrics = trainer.evaluate()
+            trainer.latest_eval = (trainer.step, eval_metrics)  # for the checkpoint's model card
             metrics.update({f"eval_{k}": v for k, v in eval_metrics.items()})
             final_eval = eval_metrics if last else final_eval
         log(trainer, metrics)
@@ -139,8 +148,6 @@ def _train(trainer, resume, stop_after, restart, allow_changes) -> dict:
         bar.set_postfix(acc=f"{metrics['accuracy']:.2f}", kl=f"{metrics['kl']:.3f}",
                         eval=f"{metrics.get('eval_sampled_accuracy', float('nan')):.2f}")
     bar.close()
-    if trainer.writer is not None:
-        trainer.writer.close()
     final_eval = final_eval or trainer.evaluate()
     summary = {
         "steps": trainer.step,
@@ -160,30 +167,21 @@ def _train(trainer, resume, stop_after, restart, allow_changes) -> dict:
 
 
 def log(trainer, metrics: dict) -> None:
-    """Append `metrics` to metrics.jsonl and tensorboard (main process only)."""
+    """Append `metrics` to metrics.jsonl and send it to the trackers of report_to (main process only)."""
     if not distributed.is_main_process():
         return
     with open(trainer.output_dir / "metrics.jsonl", "a") as handle:
         handle.write(json.dumps(metrics) + "\n")
-    # One tensorboard event per step holding every scalar (the same tags, values and step
-    # as one add_scalar call each, at a fraction of the cost).
-    scalars = {key: float(value) for key, value in metrics.items()
-               if key != "step" and isinstance(value, (int, float)) and not math.isnan(value)}
-    write_scalars(trainer.writer, scalars, metrics["step"])
+    if trainer.trackers is not None:
+        trainer.trackers.log(metrics)
 
 
 def write_samples(trainer) -> None:
-    """Append the last step's decoded samples to samples.jsonl (main process only)."""
+    """Append the last step's decoded samples to samples.jsonl, and to the trackers' tables (main process only)."""
     if not distributed.is_main_process():
         return
     with open(trainer.output_dir / "samples.jsonl", "a") as handle:
         for sample in trainer.last_samples:
             handle.write(json.dumps(sample) + "\n")
-
-
-def write_scalars(writer, scalars: dict[str, float], step: int) -> None:
-    """Write `scalars` as one tensorboard event at `step`."""
-    from tensorboard.compat.proto.summary_pb2 import Summary
-
-    summary = Summary(value=[Summary.Value(tag=tag, simple_value=value) for tag, value in scalars.items()])
-    writer._get_file_writer().add_summary(summary, step)
+    if trainer.trackers is not None:
+        trainer.trackers.log_samples(trainer.last_samples, trainer.step)

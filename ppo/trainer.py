@@ -112,7 +112,8 @@ class RLTrainer:
         self.entropy_control = EntropyControl(config.entropy_coef, config.entropy_target, config.entropy_coef_step)
         self.step = 0
         self.samples_generated = 0  # responses generated over all ranks (dynamic sampling makes extra)
-        self.writer = None
+        self.trackers = None  # ppo/trackers.py RunTrackers, main process, while train() runs
+        self.latest_eval = None  # (step, held-out metrics) of the latest evaluation, for the model card
 
     # ====================================================================================
     # The algorithm

@@ -302,6 +302,9 @@ def test_run_command_sweeps_then_reports(tmp_path, capsys, monkeypatch):
     assert main(["run", name, "--no-reuse"]) == 0 and calls["reuse"] is False
     assert calls["compile_forward"] is False
     assert main(["run", name, "--compile"]) == 0 and calls["compile_forward"] is True
+    assert calls["report_to"] is None  # each run keeps its own report_to
+    assert main(["run", name, "--report-to", "mlflow,wandb", "trackio"]) == 0
+    assert calls["report_to"] == ["mlflow", "wandb", "trackio"]
 
 
 def test_report_command_needs_an_existing_directory(tmp_path, capsys):

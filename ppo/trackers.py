@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import importlib.util
 import math
+import os
 from pathlib import Path
 
 # Tracker name -> (the module it imports, the extra that installs it).
@@ -163,6 +164,7 @@ def _start(name: str, config, provenance_record: dict):
 
             labels = {**tags, **({"group": config.run_group} if config.run_group else {}),
                       **{f"provenance.{key}": str(value) for key, value in provenance_record.items()}}
+            _create_mlflow_experiment(os.environ.get("MLFLOW_EXPERIMENT_NAME", config.tracker_project))
             tracker = MLflowTracker(experiment_name=config.tracker_project, run_name=run_name, tags=labels)
             tracker.start()
             tracker.store_init_configuration(config.to_dict())
@@ -178,6 +180,23 @@ def _start(name: str, config, provenance_record: dict):
         raise TrackerError(f"PPOConfig.report_to: {name} could not start the run ({type(error).__name__}: "
                            f"{error}); {hints[name]}") from error
     return tracker
+
+
+def _create_mlflow_experiment(name: str) -> None:
+    """Create MLflow experiment `name` unless it exists, tolerating another process creating it
+    at the same moment (a sweep's parallel runs each start one; accelerate's tracker looks the
+    name up and creates it if missing, so two runs starting together could both try, and the
+    second would fail with "already exists")."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+
+    if mlflow.get_experiment_by_name(name) is not None:
+        return
+    try:
+        mlflow.create_experiment(name)
+    except MlflowException:
+        if mlflow.get_experiment_by_name(name) is None:  # failed for another reason than the race
+            raise
 
 
 def write_scalars(writer, scalars: dict[str, float], step: int) -> None:

@@ -280,3 +280,27 @@ def test_a_sweep_reports_its_runs_grouped_by_variant(tmp_path, tiny_model_dir, m
         run_dir = tmp_path / logged.data.tags["mlflow.runName"]
         assert logged.data.params["grpo_scale"] == ("none" if logged.data.tags["variant"] == "b" else "group")
         assert_same_steps(mlflow_steps(tmp_path, logged), expected_steps(run_dir), "mlflow")
+
+
+def test_mlflow_experiment_created_by_another_process_at_the_same_moment(tmp_path, monkeypatch):
+    """Two sweep runs starting together both find no experiment and both create it: the second's
+    "already exists" must not stop its run (it failed about one sweep in three before)."""
+    import mlflow
+    from mlflow.exceptions import MlflowException
+    from ppo.trackers import _create_mlflow_experiment
+
+    for name, value in offline_env(tmp_path).items():
+        monkeypatch.setenv(name, value)
+    mlflow.set_tracking_uri(os.environ["MLFLOW_TRACKING_URI"])
+    real_create = mlflow.create_experiment
+
+    def create_after_the_other_process(name):
+        real_create(name)  # the other process wins the race
+        raise MlflowException(f"Experiment '{name}' already exists.")
+
+    monkeypatch.setattr(mlflow, "create_experiment", create_after_the_other_process)
+    _create_mlflow_experiment("raced")
+    assert mlflow.get_experiment_by_name("raced") is not None
+    monkeypatch.setattr(mlflow, "create_experiment", lambda name: (_ for _ in ()).throw(MlflowException("disk full")))
+    with pytest.raises(MlflowException, match="disk full"):
+        _create_mlflow_experiment("not-raced")

@@ -43,7 +43,7 @@ MAX_SEED = 2**63 - 1
 # on, never what one step computes. Any other difference between a run's config.yaml and
 # the resuming config is refused unless explicitly allowed (`resume_conflicts`).
 RESUMABLE_FIELDS = ("total_steps", "output_dir", "device", "threads", "progress", "eval_every", "save_every",
-                    "keep_checkpoints", "log_samples", "retain_freed_memory")
+                    "keep_checkpoints", "log_samples", "retain_freed_memory", "offload_frozen_models")
 LOSS_AGG_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 REWARD_WHITENING_MODES = ("masked", "stats", "alpacafarm")  # ppo/rewards.py whiten_rewards
 SCORE_POSITIONS = ("last_token", "after_last_token")  # ppo/rewards.py shape_rewards
@@ -237,6 +237,8 @@ class PPOConfig:
     lora_alpha: float = _f(16.0, "LoRA scale: the adapter adds (alpha / r) B A (peft lora_alpha).")
     lora_target_modules: str = _f("all-linear", "Layers that get adapters: 'all-linear' (every linear layer but the output head; QLoRA) or comma-separated module names such as 'q_proj,v_proj' (the LoRA paper).")
     lora_critic: bool = _f(False, "Also train the critic through LoRA adapters on its backbone, its scalar head fully trainable; needs lora_r > 0.")
+    sharding: str = _f("none", "'none': every process holds whole models (DDP); 'fsdp': PyTorch FSDP2 splits the four models' weights, and policy and critic's gradients and AdamW state, across the processes (Zhao et al. 2023; AlpacaFarm trains with FSDP).")
+    offload_frozen_models: bool = _f(False, "With sharding='fsdp', keep the reference and reward model's shards in CPU memory and move them to the device one block at a time (FSDP CPUOffloadPolicy): device memory for transfer time.")
 
     # ------------------------------------------------------------------ speed toggles
     # Exact optimisations, each tested equal on and off (tests/test_lean_forward.py,

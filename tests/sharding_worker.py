@@ -94,6 +94,11 @@ def fixed_batch_update(model_dir: str, out: Path, name: str, config) -> None:
         torch.save(weights, out / f"update_{name}_weights.pt")
         (out / f"update_{name}_metrics.json").write_text(json.dumps(metrics))
         (out / f"memory_{name}.json").write_text(json.dumps(memory))
+    if sharding.is_sharded(trainer.policy) and distributed.is_main_process() and trainer.config.offload_frozen_models:
+        placement = {"policy": trainer.policy, "reference": trainer.ref_policy}
+        (out / f"placement_{name}.json").write_text(json.dumps(
+            {role: type(model._get_fsdp_state()._fsdp_param_group.offload_policy).__name__
+             for role, model in placement.items()}))
     TRAINERS[name], ROLLOUTS[name] = trainer, full
 
 
@@ -104,7 +109,7 @@ def scenario_update(model: str, out: Path) -> None:
                       gradient_accumulation_steps=2, adaptive_kl=True, **fixed)
     fixed_batch_update(model, out, "gae", gae)
     grpo = preset("grpo", testbed=True, model_path=model, output_dir=str(out / "u_grpo"), group_size=4, **TINY)
-    grpo = grpo.replace(grpo_scale="batch", gradient_accumulation_steps=1, **fixed)
+    grpo = grpo.replace(grpo_scale="batch", gradient_accumulation_steps=1, offload_frozen_models=True, **fixed)
     fixed_batch_update(model, out, "grpo", grpo)
     lora = gae.replace(output_dir=str(out / "u_lora"), lora_r=4, lora_critic=True)
     fixed_batch_update(model, out, "lora", lora)

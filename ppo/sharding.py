@@ -13,7 +13,9 @@ Implementation details that live here:
   plugin: accelerate enters its FSDP path only for GPU-type process groups, and a CPU run
   (``Accelerator(cpu=True)``) is ``MULTI_CPU``, which ignores the FSDP config; calling
   ``fully_shard`` directly is the same engine on CPU (gloo) and GPU (NCCL), so the tests
-  here exercise the code a GPU run executes.
+  here exercise the code a GPU run executes. An accelerate config with ``distributed_type:
+  FSDP`` (``configs/accelerate/*-fsdp.yaml``) still works as the launcher and switches
+  sharding on (`from_launcher`); its other FSDP settings are not read.
 - **All four models** (`shard_models`): policy and critic sharded with their optimizer
   states (the optimizers are built on the sharded parameters); the reference and reward
   model sharded too, without optimizer, or with their shards kept in CPU memory and moved
@@ -41,6 +43,7 @@ With one process nothing is split: `sharded` is False and the run is the plain o
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -51,6 +54,15 @@ from . import distributed
 # transformers' generate() runs every rank's forward until all ranks are done when it sees
 # this attribute (transformers.distributed.fsdp.is_fsdp_managed_module).
 GENERATE_SYNC_ATTRIBUTE = "_is_fsdp_managed_module"
+
+
+def from_launcher(config):
+    """`config` with ``sharding="fsdp"`` when ``accelerate launch`` ran an FSDP config
+    (``distributed_type: FSDP``, which sets ``ACCELERATE_USE_FSDP``); otherwise as it is.
+    Only that switch is read: the sharding itself is this module's (see the docstring)."""
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and config.sharding == "none":
+        return config.replace(sharding="fsdp")
+    return config
 
 
 def sharded(config) -> bool:

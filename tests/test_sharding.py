@@ -6,8 +6,9 @@ CPU processes over gloo.
   reference offloaded; alpacafarm with LoRA on policy and critic);
 - each process holds half the parameters, gradients and AdamW state that DDP holds;
 - the consolidated checkpoint loads with from_pretrained and scores as the sharded models do;
-- kill -9 of a 2-process sharded run, then --resume, ends with the straight run's weights;
-  a resume under another sharding is refused.
+- kill -9 of a 2-process sharded run (``accelerate launch`` with
+  configs/accelerate/cpu-2proc-fsdp.yaml), then --resume, ends with the straight run's
+  weights; a resume under another sharding is refused.
 
 All launches start together (one thread per process); only the resume waits for the kill.
 """
@@ -36,7 +37,9 @@ TOTAL_STEPS = 3
 KILL_STEP = 2
 RUN = dict(rollout_batch_size=4, response_length=8, eval_size=2, eval_every=0, total_steps=TOTAL_STEPS, save_every=1,
            keep_checkpoints=2, progress=False, log_samples=2, lr=1e-3, ppo_epochs=2, threads=1, device="cpu",
-           sharding="fsdp", missing_eos="penalty")  # the penalty is the learning signal of an untrained model
+           missing_eos="penalty")  # the penalty is the learning signal of an untrained model
+# The CLI runs are launched by accelerate with this config, which switches sharding on.
+FSDP_LAUNCH = ROOT / "configs" / "accelerate" / "cpu-2proc-fsdp.yaml"
 # ppo.cli under torch.distributed.run, held (sleeping, a marker file written) once step
 # KILL_STEP is logged when the first argument is "log"; "none" runs straight through.
 HELD_RUN = '''
@@ -63,11 +66,17 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(processes: int, script: list[str], log: Path) -> subprocess.Popen:
+def launch(processes: int, script: list[str], log: Path, accelerate_config: Path | None = None) -> subprocess.Popen:
+    """`script` on `processes` CPU processes, by torchrun or by ``accelerate launch`` with `accelerate_config`."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]),
            "TOKENIZERS_PARALLELISM": "false"}
-    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(processes), "--master_addr",
-               "127.0.0.1", "--master_port", str(_free_port()), *script]
+    if accelerate_config is None:
+        launcher = ["torch.distributed.run", "--nproc_per_node", str(processes), "--master_addr", "127.0.0.1"]
+    else:
+        launcher = ["accelerate.commands.launch", "--config_file", str(accelerate_config), "--num_processes",
+                    str(processes), "--main_process_ip", "127.0.0.1"]
+    command = [sys.executable, "-m", *launcher, "--master_port" if accelerate_config is None else "--main_process_port",
+               str(_free_port()), *script]
     return subprocess.Popen(command, env=env, cwd=ROOT, stdout=log.open("ab"), stderr=subprocess.STDOUT)
 
 
@@ -93,8 +102,10 @@ def runs(tmp_path_factory, tiny_model_dir):
         "one": launch(1, [str(WORKER), str(tiny_model_dir), str(root / "one"), "update"], root / "one.log"),
         "two": launch(2, [str(WORKER), str(tiny_model_dir), str(root / "two"), "update", "checkpoint"],
                       root / "two.log"),
-        "straight": launch(2, [str(held), "none", "0", str(marker), *cli["straight"]], root / "straight.log"),
-        "killed": launch(2, [str(held), "log", str(KILL_STEP), str(marker), *cli["killed"]], root / "killed.log"),
+        "straight": launch(2, [str(held), "none", "0", str(marker), *cli["straight"]], root / "straight.log",
+                           FSDP_LAUNCH),
+        "killed": launch(2, [str(held), "log", str(KILL_STEP), str(marker), *cli["killed"]], root / "killed.log",
+                         FSDP_LAUNCH),
     }
     try:
         killed = launches.pop("killed")
@@ -106,7 +117,7 @@ def runs(tmp_path_factory, tiny_model_dir):
         killed.send_signal(signal.SIGKILL)  # the launcher; its workers see it gone and stop
         killed.wait()
         launches["resumed"] = launch(2, [str(held), "none", "0", str(marker), *cli["killed"], "--resume"],
-                                     root / "killed.log")
+                                     root / "killed.log", FSDP_LAUNCH)
         for name, process in launches.items():
             finish(process, root / f"{'killed' if name == 'resumed' else name}.log")
     finally:
@@ -178,6 +189,8 @@ def test_kill_9_and_resume_of_a_sharded_run_equals_the_straight_run(runs):
         resumed = load_file(str(runs / "killed" / final / part))
         assert set(straight) == set(resumed)
         assert all(torch.equal(straight[k], resumed[k]) for k in straight), part
+    assert PPOConfig.from_yaml(runs / "killed" / "config.yaml").sharding == "fsdp"  # from the launch config
+    assert (runs / "killed" / final / "sharded" / "__1_0.distcp").is_file()
     history = [json.loads(line) for line in (runs / "killed" / "resume_history.jsonl").read_text().splitlines()]
     assert len(history) == 1
     rows = [json.loads(line) for line in (runs / "killed" / "metrics.jsonl").read_text().splitlines()]

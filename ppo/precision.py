@@ -92,7 +92,8 @@ def clip_grad_norms(accelerator, optimizers: list, parameter_groups: list[list[t
     Returns each group's norm before clipping. Float32 gradients of one device, unsharded
     (one process or DDP, whose gradients are already averaged), take `_clip_local`: one
     pass of per-tensor norms serves every group's norm and the joint one. Otherwise each
-    call is accelerate's own ``clip_grad_norm_`` (which also knows FSDP and DeepSpeed).
+    call is accelerate's own ``clip_grad_norm_`` (which also knows FSDP and DeepSpeed), except
+    for this project's own sharded models (`PPOConfig.sharding`), whose shards take `_clip_sharded`.
     """
     scaler = accelerator.scaler if loss_scaling(accelerator) else None
     if scaler is not None:

@@ -193,6 +193,8 @@ def load(trainer: RLTrainer) -> bool:
     for path in run_dir.checkpoint_candidates(trainer.output_dir):
         try:
             saved, error = _read(trainer, path), None
+        except run_dir.RunDirectoryError:
+            raise
         except Exception as exc:  # any way a file fails to read means a damaged checkpoint
             saved, error = None, exc
         if distributed.any_rank(error is not None):
@@ -270,6 +272,7 @@ def _read(trainer: RLTrainer, path: Path) -> dict:
     """Every file of one checkpoint, read into memory (raises if any is damaged)."""
     info = json.loads((path / "state.json").read_text())
     check_state(info, path)
+    sharding.check_resume_layout(info, trainer.config, path)  # not damage: refused, never skipped
     saved = {"info": info, "step": int(info["step"]), "kl_controller": info["kl_controller"],
              "trainer": torch.load(path / "trainer_state.pt", weights_only=True)}
     check_safetensors(path / "policy")
@@ -294,10 +297,6 @@ def _apply(trainer: RLTrainer, path: Path, saved: dict) -> None:
     settings = [[{k: g[k] for k in ("initial_lr", "eps", "weight_decay")} for g in s.optimizer.param_groups]
                 for s in trainer.schedulers]
     state = saved["trainer"]
-    try:
-        sharding.check_resume_layout(saved["info"], trainer.config, path)
-    except ValueError as error:
-        raise run_dir.RunDirectoryError(str(error)) from None
     if sharding.sharded(trainer.config):
         sharding.load_sharded(trainer, path / SHARDED)
     else:

@@ -268,6 +268,9 @@ class PPOConfig:
     def validate_for_run(self) -> None:
         """Checks that only matter when a run starts (a preset may name a reward model that
         the user supplies later)."""
+        if self.offload_frozen_models and self.sharding != "fsdp":  # checked here: a launcher may switch it on
+            raise ValueError("PPOConfig.offload_frozen_models: offloads the shards of sharding='fsdp'; set "
+                             "sharding='fsdp' or launch with an accelerate FSDP config")
         if self.value_init.startswith("reward_model") and self.uses_value_model and not self.reward_model_path:
             raise ValueError(f"PPOConfig.value_init: {self.value_init!r} needs reward_model_path (the verifiable testbed "
                              "has no reward model; use 'policy', or --testbed which does so)")

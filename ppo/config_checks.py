@@ -188,8 +188,6 @@ def validate(config) -> None:
     if not config.lora_target_modules.strip() or config.lora_target_modules.strip(" ,") == "":
         bad("lora_target_modules", "must be 'all-linear' or comma-separated module names")
     choice("sharding", ("none", "fsdp"))
-    if config.offload_frozen_models and config.sharding != "fsdp":
-        bad("offload_frozen_models", "offloads the shards of sharding='fsdp'; set sharding='fsdp'")
     if config.sharding == "fsdp" and config.mixed_precision == "fp16":
         bad("mixed_precision", "'fp16' needs a loss scaler, which sharded gradients (sharding='fsdp') do not get here; "
                                "use 'bf16'")

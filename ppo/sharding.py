@@ -119,8 +119,23 @@ def shard(model: nn.Module, mixed_precision: str, device: torch.device, offload:
         if type(module) in blocks:
             fully_shard(module, **options)
     fully_shard(model, **options)
+    if offload or not any(p.requires_grad for p in model.parameters()):
+        # FSDP keeps the root unit (embeddings, final norm, heads) gathered after a forward,
+        # for the backward that follows in training; a frozen model has none, so it gives
+        # the gathered weights back at once.
+        model.register_forward_hook(lambda module, args, output: module.reshard())
     mark_sharded(model)
     return model
+
+
+def reshard(*models) -> None:
+    """Put sharded models' weights back in shards (the root unit stays gathered after a
+    forward); reading parameters directly (`ref_update_every`) needs them sharded alike."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for model in models:
+        if isinstance(model, FSDPModule):
+            model.reshard()
 
 
 def mark_sharded(model: nn.Module) -> None:
@@ -226,6 +241,8 @@ def check_resume_layout(saved: dict, config, path: Path) -> None:
         return
     written = f"sharding={saved.get('sharding', 'none')!r} on {saved.get('world_size', 1)} processes"
     running = f"sharding={'fsdp' if now_sharded else 'none'!r} on {world} processes"
-    raise ValueError(f"{path}: written with {written}, resumed with {running}; a sharded checkpoint resumes only "
+    from .run_dir import RunDirectoryError
+
+    raise RunDirectoryError(f"{path}: written with {written}, resumed with {running}; a sharded checkpoint resumes only "
                      "under the sharding and number of processes that wrote it (its policy/ and value/ folders are "
                      "whole Hugging Face models: start a new run from them with --model-path to change either)")

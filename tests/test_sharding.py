@@ -37,7 +37,8 @@ TOTAL_STEPS = 3
 KILL_STEP = 2
 RUN = dict(rollout_batch_size=4, response_length=8, eval_size=2, eval_every=0, total_steps=TOTAL_STEPS, save_every=1,
            keep_checkpoints=2, progress=False, log_samples=2, lr=1e-3, ppo_epochs=2, threads=1, device="cpu",
-           missing_eos="penalty")  # the penalty is the learning signal of an untrained model
+           missing_eos="penalty",  # the penalty is the learning signal of an untrained model
+           ref_update_every=1, offload_frozen_models=True)  # a moving, offloaded reference is training state
 # The CLI runs are launched by accelerate with this config, which switches sharding on.
 FSDP_LAUNCH = ROOT / "configs" / "accelerate" / "cpu-2proc-fsdp.yaml"
 # ppo.cli under torch.distributed.run, held (sleeping, a marker file written) once step
@@ -220,7 +221,8 @@ def test_sharding_settings_are_checked():
     with pytest.raises(ValueError, match=r"PPOConfig.sharding: must be one of"):
         PPOConfig(sharding="zero3")
     with pytest.raises(ValueError, match=r"PPOConfig.offload_frozen_models: .*set sharding='fsdp'"):
-        PPOConfig(offload_frozen_models=True)
+        PPOConfig(offload_frozen_models=True).validate_for_run()
+    PPOConfig(offload_frozen_models=True, sharding="fsdp").validate_for_run()
     with pytest.raises(ValueError, match=r"PPOConfig.mixed_precision: 'fp16' needs a loss scaler"):
         PPOConfig(sharding="fsdp", mixed_precision="fp16")
     with pytest.raises(ValueError, match=r"PPOConfig.difficulty_filter_mode: 'resample'"):

@@ -43,6 +43,7 @@ With one process nothing is split: `sharded` is False and the run is the plain o
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -71,6 +72,7 @@ def sharded(config) -> bool:
 
 
 def is_sharded(model) -> bool:
+    """Whether `model` (or the policy behind a LoRA reference) was sharded by `shard`."""
     from torch.distributed.fsdp import FSDPModule
 
     return isinstance(getattr(model, "peft_model", model), FSDPModule)
@@ -96,19 +98,25 @@ def block_classes(model: nn.Module) -> set[type]:
     return {type(m) for m in model.modules() if type(m).__name__ in names}
 
 
+@functools.cache
+def _mesh(device_type: str):
+    """All processes in one dimension, on `device_type`: left to FSDP, the mesh would be on a
+    GPU even in a --device cpu run."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    return init_device_mesh(device_type, (distributed.world_size(),))
+
+
 def shard(model: nn.Module, mixed_precision: str, device: torch.device, offload: bool = False) -> nn.Module:
     """``fully_shard`` every transformer block of `model`, then `model` itself (in place),
     over all processes, its shards on `device` (or in CPU memory with `offload`)."""
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, fully_shard
 
     blocks = block_classes(model)
     if not blocks:
         raise ValueError(f"PPOConfig.sharding: found no transformer blocks in {type(model).__name__} (it lists no "
                          "_no_split_modules) to shard")
-    # The mesh names the device: left to FSDP it would pick a GPU even for a --device cpu run.
-    mesh = init_device_mesh(torch.device(device).type, (distributed.world_size(),))
-    options = dict(mesh=mesh, mp_policy=mixed_precision_policy(mixed_precision))
+    options = dict(mesh=_mesh(torch.device(device).type), mp_policy=mixed_precision_policy(mixed_precision))
     if offload:
         options["offload_policy"] = CPUOffloadPolicy(pin_memory=torch.cuda.is_available())
     # Every rank keeps its own slice of what it built, so all must start from rank 0's weights
@@ -119,7 +127,7 @@ def shard(model: nn.Module, mixed_precision: str, device: torch.device, offload:
         if type(module) in blocks:
             fully_shard(module, **options)
     fully_shard(model, **options)
-    if offload or not any(p.requires_grad for p in model.parameters()):
+    if not any(p.requires_grad for p in model.parameters()):
         # FSDP keeps the root unit (embeddings, final norm, heads) gathered after a forward,
         # for the backward that follows in training; a frozen model has none, so it gives
         # the gathered weights back at once.

@@ -197,6 +197,8 @@ def test_kill_9_and_resume_of_a_sharded_run_equals_the_straight_run(runs):
     rows = [json.loads(line) for line in (runs / "killed" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(TOTAL_STEPS + 1))
     assert all(r["policy_grad_norm"] > 0 and r["value_grad_norm"] > 0 for r in rows[1:])  # every step trained
+    # Policy and reference take the same (Hugging Face) path through sharded weights: no fake KL.
+    assert rows[1]["kl_k1"] == 0.0 and rows[1]["kl"] == 0.0
     second = load_file(str(runs / "straight" / "checkpoints" / "step_000002" / "policy" / "model.safetensors"))
     assert any(not torch.equal(second[k], v) for k, v in straight_policy(runs, final).items())  # and moved
 

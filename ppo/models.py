@@ -142,7 +142,8 @@ def setup_sharded(trainer, policy, value_model, ref_policy, reward_model) -> Non
     trainer.policy_optimizer, trainer.value_optimizer = build_optimizers(config, policy, value_model)
     trainer.schedulers = [build_lr_scheduler(opt, config.lr_schedule, config.warmup_steps, config.total_steps)
                           for opt in (trainer.policy_optimizer, trainer.value_optimizer) if opt is not None]
-    trainer.model_parameters = [list(model.parameters()) if model is not None else [] for model in (policy, value_model)]
+    trainer.model_parameters = [list(model.parameters()) if model is not None else []
+                                for model in (policy, value_model)]
     if ref_policy is None and config.uses_reference_model:
         ref_policy = AdapterDisabledReference(policy, policy)
     trainer.ref_policy = ref_policy

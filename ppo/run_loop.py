@@ -38,7 +38,8 @@ def evaluate(trainer) -> dict:
     try:
         # Training's guards: the same prompt truncation and the same non-finite reward rule.
         metrics = evaluate_policy(trainer.policy_module, trainer.tokenizer, trainer.task, cfg.response_length,
-                                  temperature=1.0, seed=seed, problems=shard, gather=distributed.gather_objects, **batch,
+                                  temperature=1.0, seed=seed, problems=shard, gather=distributed.gather_objects,
+                                  **batch,
                                   max_prompt_length=trainer.max_prompt_length,
                                   prompt_truncation=cfg.prompt_truncation, nonfinite_rewards=cfg.nonfinite_rewards,
                                   source=trainer._score_source())

@@ -240,17 +240,20 @@ def load_sharded(trainer, path: Path) -> None:
 
 
 def check_resume_layout(saved: dict, config, path: Path) -> None:
-    """A sharded checkpoint resumes under the sharding and process count that wrote it; a
-    mismatch is refused naming both (the shards and every rank's RNG streams are per rank)."""
-    now_sharded = sharded(config)
-    was_sharded = saved.get("sharding", "none") == "fsdp"
-    world = distributed.world_size()
-    if was_sharded == now_sharded and (not now_sharded or saved.get("world_size", 1) == world):
-        return
-    written = f"sharding={saved.get('sharding', 'none')!r} on {saved.get('world_size', 1)} processes"
-    running = f"sharding={'fsdp' if now_sharded else 'none'!r} on {world} processes"
+    """A checkpoint resumes under the sharding that wrote it, a sharded one on the same number
+    of processes (its shards and every rank's RNG streams are per rank); anything else is
+    refused, naming both layouts. `saved` is the checkpoint's ``state.json``."""
     from .run_dir import RunDirectoryError
 
-    raise RunDirectoryError(f"{path}: written with {written}, resumed with {running}; a sharded checkpoint resumes only "
-                     "under the sharding and number of processes that wrote it (its policy/ and value/ folders are "
-                     "whole Hugging Face models: start a new run from them with --model-path to change either)")
+    def layout(sharding: str, processes: int) -> str:
+        return f"sharding={sharding!r} on {processes} process{'es' if processes != 1 else ''}"
+
+    now_sharded, was_sharded = sharded(config), saved.get("sharding", "none") == "fsdp"
+    world, saved_world = distributed.world_size(), saved.get("world_size", 1)
+    if was_sharded == now_sharded and (not now_sharded or saved_world == world):
+        return
+    raise RunDirectoryError(
+        f"{path}: written with {layout(saved.get('sharding', 'none'), saved_world)}, resumed with "
+        f"{layout('fsdp' if now_sharded else 'none', world)}; a checkpoint resumes only under the sharding that "
+        "wrote it, and a sharded one only on as many processes (its policy/ and value/ folders are whole Hugging "
+        "Face models: start a new run from them with --model-path to change either)")

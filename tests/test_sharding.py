@@ -214,9 +214,27 @@ def test_resume_under_another_sharding_is_refused(runs, tmp_path):
     shutil.copytree(runs / "straight", tmp_path / "run")
     config = PPOConfig.from_yaml(tmp_path / "run" / "config.yaml").replace(output_dir=str(tmp_path / "run"))
     trainer = RLTrainer(config)  # one process: nothing to shard
-    with pytest.raises(RunDirectoryError, match=r"sharding='fsdp' on 2 processes.*sharding='none' on 1 processes.*"
-                                                r"resumes only under the sharding and number of processes"):
+    with pytest.raises(RunDirectoryError, match=r"written with sharding='fsdp' on 2 processes, resumed with "
+                                                r"sharding='none' on 1 process; a checkpoint resumes only under the "
+                                                r"sharding that wrote it"):
         trainer.train(resume=True)
+
+
+def test_resume_layouts(monkeypatch, tmp_path):
+    """Which checkpoint layouts a run resumes from (`ppo.sharding.check_resume_layout`)."""
+    from ppo import distributed, sharding
+    from ppo.run_dir import RunDirectoryError
+
+    config = PPOConfig(sharding="fsdp")
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    monkeypatch.setattr(sharding, "sharded", lambda config: True)  # as in a 2-process run
+    sharding.check_resume_layout({"sharding": "fsdp", "world_size": 2}, config, tmp_path)
+    for saved, written in (({"sharding": "fsdp", "world_size": 4}, "sharding='fsdp' on 4 processes"),
+                           ({"world_size": 2}, "sharding='none' on 2 processes")):  # before sharding existed
+        with pytest.raises(RunDirectoryError, match=f"written with {written}, resumed with sharding='fsdp' on 2"):
+            sharding.check_resume_layout(saved, config, tmp_path)
+    monkeypatch.setattr(sharding, "sharded", lambda config: False)  # DDP: any number of processes
+    sharding.check_resume_layout({"sharding": "none", "world_size": 4}, config, tmp_path)
 
 
 def test_sharding_settings_are_checked():

@@ -115,7 +115,8 @@ class ScalarHeadModel(nn.Module):
         path.mkdir(parents=True, exist_ok=True)
         backbone_state = head_state = None
         if state_dict is not None:
-            backbone_state = {k.removeprefix("backbone."): v for k, v in state_dict.items() if k.startswith("backbone.")}
+            backbone_state = {k.removeprefix("backbone."): v for k, v in state_dict.items()
+                              if k.startswith("backbone.")}
             head_state = {k.removeprefix("head."): v for k, v in state_dict.items() if k.startswith("head.")}
         save_policy(self.backbone, path, backbone_state)
         head_state = self.head.state_dict() if head_state is None else head_state

@@ -6,7 +6,8 @@ main process writes what the test compares into ``OUT``.
     python -m torch.distributed.run --nproc_per_node 2 tests/sharding_worker.py MODEL OUT update checkpoint
 
 - ``update``: one train_step on a fixed global rollout batch for the alpacafarm preset
-  (critic, GAE, whitening, adaptive KL), GRPO and alpacafarm with LoRA (policy and critic),
+  (reward model, critic started from it, GAE, whitening, adaptive KL), GRPO (its reference
+  offloaded) and alpacafarm with LoRA (policy and critic),
   every config with ``sharding="fsdp"``: in one process that is the plain run. Writes the
   whole weights after the step, the metrics, and each process's bytes of parameters,
   gradients and optimizer state; with 2 processes also for a DDP run of the same update.
@@ -72,6 +73,14 @@ def measure_memory(trainer: RLTrainer, rollout: Rollout) -> dict[str, int]:
     return memory
 
 
+def placement(model) -> str:
+    from torch.distributed.fsdp import FSDPModule
+
+    if isinstance(model, FSDPModule):
+        return type(model._get_fsdp_state()._fsdp_param_group.offload_policy).__name__
+    return "adapter-disabled policy" if hasattr(model, "peft_model") else "whole"
+
+
 def fixed_batch_update(model_dir: str, out: Path, name: str, config) -> None:
     """One train_step on the fixed global batch; each rank holds its contiguous share."""
     trainer = RLTrainer(config, prompts=PROMPTS, reward_fn=reward_fn)
@@ -94,19 +103,35 @@ def fixed_batch_update(model_dir: str, out: Path, name: str, config) -> None:
         torch.save(weights, out / f"update_{name}_weights.pt")
         (out / f"update_{name}_metrics.json").write_text(json.dumps(metrics))
         (out / f"memory_{name}.json").write_text(json.dumps(memory))
-    if sharding.is_sharded(trainer.policy) and distributed.is_main_process() and trainer.config.offload_frozen_models:
-        placement = {"policy": trainer.policy, "reference": trainer.ref_policy}
-        (out / f"placement_{name}.json").write_text(json.dumps(
-            {role: type(model._get_fsdp_state()._fsdp_param_group.offload_policy).__name__
-             for role, model in placement.items()}))
+    if distributed.is_main_process():  # each model: its FSDP offload policy, or how it is held
+        roles = {"policy": trainer.policy, "value": trainer.value_model, "reference": trainer.ref_policy,
+                 "reward_model": trainer.reward_model}
+        (out / f"placement_{name}.json").write_text(json.dumps({role: placement(model) for role, model in roles.items()
+                                                                if model is not None}))
     TRAINERS[name], ROLLOUTS[name] = trainer, full
+
+
+def reward_model(model: str, out: Path) -> str:
+    """A scalar-head reward model on the warm start's backbone with a random head (the same on
+    every rank and in every launch): AlpacaFarm's fourth model, and its critic's start."""
+    path = out / "reward_model"
+    if distributed.is_main_process():
+        from value_model import ScalarHeadModel
+
+        policy, _ = load_policy(model)
+        torch.manual_seed(11)
+        ScalarHeadModel.from_policy(policy, head_init="normal", kind="reward").save_pretrained(path)
+    distributed.barrier()
+    return str(path)
 
 
 def scenario_update(model: str, out: Path) -> None:
     fixed = dict(task="custom", total_steps=1, warmup_steps=0, num_minibatches=1, sharding="fsdp")
+    # All four models: policy, critic (from the reward model, AlpacaFarm), reference, reward model.
     gae = preset("alpacafarm", testbed=True, model_path=model, output_dir=str(out / "u_gae"), **TINY)
     gae = gae.replace(whiten_rewards=True, whiten_advantages=True, loss_agg="token_mean", ppo_epochs=2,
-                      gradient_accumulation_steps=2, adaptive_kl=True, **fixed)
+                      gradient_accumulation_steps=2, adaptive_kl=True, reward_model_path=reward_model(model, out),
+                      value_init="reward_model", **fixed)
     fixed_batch_update(model, out, "gae", gae)
     grpo = preset("grpo", testbed=True, model_path=model, output_dir=str(out / "u_grpo"), group_size=4, **TINY)
     grpo = grpo.replace(grpo_scale="batch", gradient_accumulation_steps=1, offload_frozen_models=True, **fixed)

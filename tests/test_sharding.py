@@ -2,8 +2,9 @@
 CPU processes over gloo.
 
 - one update on a fixed rollout batch gives the same weights and metrics sharded over 2
-  processes as in 1 (alpacafarm: critic, GAE, whitening, adaptive KL; GRPO with the frozen
-  reference offloaded; alpacafarm with LoRA on policy and critic);
+  processes as in 1 (alpacafarm: reward model, critic, GAE, whitening, adaptive KL; GRPO
+  with the frozen reference offloaded; alpacafarm with LoRA on policy and critic), all four
+  models sharded;
 - each process holds half the parameters, gradients and AdamW state that DDP holds;
 - the consolidated checkpoint loads with from_pretrained and scores as the sharded models do;
 - kill -9 of a 2-process sharded run (``accelerate launch`` with
@@ -156,10 +157,19 @@ def test_sharded_update_equals_one_process(runs, name):
         assert any("lora_A" in key for key in one) and any(key.startswith("value.") and "lora_B" in key for key in one)
 
 
-def test_frozen_reference_is_offloaded_when_asked(runs):
-    """offload_frozen_models: the GRPO reference's shards are FSDP-offloaded; the trained policy's are not."""
-    placement = json.loads((runs / "two" / "placement_grpo.json").read_text())
-    assert placement == {"policy": "OffloadPolicy", "reference": "CPUOffloadPolicy"}
+def test_all_four_models_are_sharded_and_frozen_ones_offloaded_when_asked(runs):
+    """Every model is an FSDP module on 2 processes (OffloadPolicy: the shards stay on the device);
+    with offload_frozen_models the GRPO reference's shards live in CPU memory. In one process
+    nothing is sharded."""
+    placement = {name: json.loads((runs / "two" / f"placement_{name}.json").read_text())
+                 for name in ("gae", "grpo", "lora", "gae_ddp")}
+    sharded = "OffloadPolicy"
+    assert placement["gae"] == dict.fromkeys(("policy", "value", "reference", "reward_model"), sharded)
+    assert placement["grpo"] == {"policy": sharded, "reference": "CPUOffloadPolicy"}
+    assert placement["lora"] == {"policy": sharded, "value": sharded, "reference": "adapter-disabled policy",
+                                 "reward_model": sharded}
+    assert set(placement["gae_ddp"].values()) == {"whole"}
+    assert set(json.loads((runs / "one" / "placement_gae.json").read_text()).values()) == {"whole"}
 
 
 def test_each_process_holds_half_of_what_ddp_holds(runs):

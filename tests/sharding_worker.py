@@ -167,8 +167,31 @@ def scenario_checkpoint(model: str, out: Path) -> None:
                 "logprob_abs_mean": float(loaded_logprobs.abs().mean()),
                 "value_abs_mean": float(loaded_values.abs().mean()),
                 "files": sorted(str(p.relative_to(path)) for p in Path(path).rglob("*") if p.is_file())}
+    report["sampling"] = sampling_matches_whole_model(model, out)
     if distributed.is_main_process():
         (out / "checkpoint.json").write_text(json.dumps(report))
+
+
+def sampling_matches_whole_model(model_dir: str, out: Path) -> dict | None:
+    """Each rank samples its own prompts from the sharded policy (rank 0 stops after 3 tokens,
+    so it keeps stepping in sync while rank 1 samples on); the main process samples the same
+    prompts from the whole warm start with the same seeds: the same responses."""
+    trainer = TRAINERS["grpo"]  # not updated past its one step; compared with its consolidated weights
+    tokenizer, rank = trainer.tokenizer, distributed.rank()
+    prompts = {0: ["1+2=", "7+7="], 1: ["3+9=", "5+5=", "8+1="]}
+    lengths = {0: 3, 1: trainer.config.response_length}
+    whole = {k.removeprefix("policy."): v for k, v in (whole_state(trainer.policy) or {}).items()}
+
+    def sample(policy, r):
+        torch.manual_seed(100 + r)
+        return generate(policy, tokenizer, prompts[r], lengths[r]).response_ids.tolist()
+
+    sharded = distributed.gather_objects([sample(trainer.policy, rank)])
+    if not distributed.is_main_process():
+        return None
+    policy, _ = load_policy(model_dir)
+    policy.load_state_dict(whole)
+    return {"sharded": sharded, "whole": [sample(policy, r) for r in (0, 1)]}
 
 
 if __name__ == "__main__":

@@ -193,6 +193,14 @@ def test_consolidated_checkpoint_loads_and_scores_like_the_sharded_model(runs):
     assert "policy/adapter/adapter_model.safetensors" in report["lora"]["files"]
 
 
+def test_sampling_from_the_sharded_policy_equals_the_whole_model(runs):
+    """Plain generate on the sharded policy, the ranks finishing at different steps, samples
+    what the whole model samples with the same seed."""
+    sampled = json.loads((runs / "two" / "checkpoint.json").read_text())["sampling"]
+    assert sampled["sharded"] == sampled["whole"]
+    assert [len(rows[0]) for rows in sampled["sharded"]] == [3, 10]  # rank 0 stopped early and kept in step
+
+
 def test_kill_9_and_resume_of_a_sharded_run_equals_the_straight_run(runs):
     final = f"checkpoints/step_{TOTAL_STEPS:06d}"
     for part in ("policy/model.safetensors", "value/model.safetensors", "value/scalar_head.safetensors"):

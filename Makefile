@@ -10,7 +10,7 @@ TORCH_PIN ?= torch==2.13.0
 PYTEST_ARGS ?=
 export TOKENIZERS_PARALLELISM = false
 
-.PHONY: demo demo-2proc test test-all install clean
+.PHONY: demo demo-2proc demo-2proc-fsdp test test-all install clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,6 +37,12 @@ demo-2proc: $(VENV)/.installed
 	$(PY) -m ppo.sft
 	$(VENV)/bin/accelerate launch --config_file configs/accelerate/cpu-2proc.yaml -m ppo.cli \
 		--preset grpo --testbed --device cpu --threads 1 --output-dir runs/grpo_2proc
+
+# The same with sharded models (FSDP2): AlpacaFarm's preset, every model split over the 2 processes.
+demo-2proc-fsdp: $(VENV)/.installed
+	$(PY) -m ppo.sft
+	$(VENV)/bin/accelerate launch --config_file configs/accelerate/cpu-2proc-fsdp.yaml -m ppo.cli \
+		--preset alpacafarm --testbed --device cpu --threads 1 --output-dir runs/af_fsdp_2proc
 
 test: $(VENV)/.installed-extras
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -8,7 +8,11 @@ A checkpoint is a folder ``OUTPUT_DIR/checkpoints/step_NNNNNN`` holding
 - ``state.json``: step, KL controller, adaptive entropy coefficient, retired prompts, world
   size, samples generated;
 - ``reference.safetensors`` when the reference moves (`ref_update_every`): its weights;
-- ``rng_rank{r}.pt`` for every other process: its own prompt, sampling and shuffling streams.
+- ``rng_rank{r}.pt`` for every other process: its own prompt, sampling and shuffling streams;
+- ``sharded/`` under `PPOConfig.sharding` "fsdp": every rank's shards of the trained weights
+  and AdamW state (``torch.distributed.checkpoint``; ppo/sharding.py), which a resume with
+  the same number of processes loads; ``policy/`` and ``value/`` are then gathered whole
+  models for ``from_pretrained``, and ``trainer_state.pt`` holds no optimizer state.
 
 `save` writes into a temporary folder and renames it into place, so a run killed mid-write
 leaves the previous checkpoint untouched; a write that fails (a full disk) removes the
@@ -36,12 +40,14 @@ import torch
 
 from value_model.model import load_value_weights
 
-from . import distributed, model_card, run_dir
+from . import distributed, model_card, run_dir, sharding
 from .evaluation import accelerator_rng_devices
 from .lora import load_policy_weights, save_policy
 
 if TYPE_CHECKING:
     from .trainer import RLTrainer
+
+SHARDED = "sharded"  # the folder of a sharded run's training state (torch.distributed.checkpoint)
 
 
 def save(trainer: RLTrainer) -> Path:
@@ -56,8 +62,14 @@ def save(trainer: RLTrainer) -> Path:
     final = root / f"step_{trainer.step:06d}"
     tmp = root / f".tmp_step_{trainer.step:06d}_{distributed.broadcast_object(os.getpid())}"
     main = distributed.is_main_process()
-    error = _attempt(lambda: _write_main(trainer, tmp)) if main else None
+    # Sharded models (sharding="fsdp"): every rank sends its shards for the whole models the
+    # main process writes, then writes its own shards of the training state.
+    whole = _consolidated(trainer) if sharding.sharded(trainer.config) else {}
+    error = _attempt(lambda: _write_main(trainer, tmp, whole)) if main else None
     _stop_if_failed(trainer, error, tmp, final)  # every rank decides together: the folder exists
+    if sharding.sharded(trainer.config):
+        error = _attempt(lambda: sharding.save_sharded(trainer, tmp / SHARDED))
+        _stop_if_failed(trainer, error, tmp, final)
     if not main:
         error = _attempt(lambda: torch.save(rng_state(trainer), tmp / f"rng_rank{distributed.rank()}.pt"))
     _stop_if_failed(trainer, error, tmp, final)  # every rank's state is in it
@@ -79,28 +91,42 @@ def _attempt(write) -> Exception | None:
     return None
 
 
-def _write_main(trainer: RLTrainer, tmp: Path) -> None:
+def _consolidated(trainer: RLTrainer) -> dict:
+    """The whole policy's and critic's state dicts gathered from their shards (on the main
+    process; every rank takes part)."""
+    whole = {"policy": sharding.consolidated_state_dict(trainer.policy)}
+    if trainer.value_model is not None:
+        whole["value"] = sharding.consolidated_state_dict(trainer.value_model)
+    return whole
+
+
+def _write_main(trainer: RLTrainer, tmp: Path, whole: dict) -> None:
+    """The main process's files; `whole` holds the gathered state dicts of sharded models."""
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_policy(trainer.accelerator.unwrap_model(trainer.policy), tmp / "policy")
+    save_policy(trainer.accelerator.unwrap_model(trainer.policy), tmp / "policy", whole.get("policy"))
     trainer.tokenizer.save_pretrained(tmp / "policy")
     model_card.write(tmp / "policy", trainer)  # README.md: what this policy is, for whoever finds it later
     if trainer.value_model is not None:
-        trainer.accelerator.unwrap_model(trainer.value_model).save_pretrained(tmp / "value")
-    if _moving_reference(trainer):  # a refreshed reference is training state too
+        trainer.accelerator.unwrap_model(trainer.value_model).save_pretrained(tmp / "value", whole.get("value"))
+    sharded = sharding.sharded(trainer.config)
+    if _moving_reference(trainer) and not sharded:  # a refreshed reference is training state too
         from safetensors.torch import save_model
 
         save_model(_reference_module(trainer), str(tmp / "reference.safetensors"))
-    torch.save({
+    optimizers = {} if sharded else {  # sharded: in sharded/ with the weights' shards
         "policy_optimizer": trainer.policy_optimizer.state_dict(),
-        "value_optimizer": trainer.value_optimizer.state_dict() if trainer.value_optimizer else None,
+        "value_optimizer": trainer.value_optimizer.state_dict() if trainer.value_optimizer else None}
+    torch.save({
+        **optimizers,
         "schedulers": [s.state_dict() for s in trainer.schedulers],
         **rng_state(trainer),
     }, tmp / "trainer_state.pt")
     (tmp / "state.json").write_text(json.dumps({
         "step": trainer.step, "kl_controller": trainer.kl_controller.state_dict(),
         "model_path": trainer.model_path, "retired_prompts": sorted(trainer.prompt_pool.retired),
-        "world_size": distributed.world_size(), "samples_generated": trainer.samples_generated,
+        "world_size": distributed.world_size(), "sharding": "fsdp" if sharded else "none",
+        "samples_generated": trainer.samples_generated,
         "entropy_coef": trainer.entropy_control.coef, "entropy_last": trainer.entropy_control.last_entropy}))
 
 
@@ -168,6 +194,8 @@ def load(trainer: RLTrainer) -> bool:
     for path in run_dir.checkpoint_candidates(trainer.output_dir):
         try:
             saved, error = _read(trainer, path), None
+        except run_dir.RunDirectoryError:
+            raise
         except Exception as exc:  # any way a file fails to read means a damaged checkpoint
             saved, error = None, exc
         if distributed.any_rank(error is not None):
@@ -245,12 +273,15 @@ def _read(trainer: RLTrainer, path: Path) -> dict:
     """Every file of one checkpoint, read into memory (raises if any is damaged)."""
     info = json.loads((path / "state.json").read_text())
     check_state(info, path)
+    sharding.check_resume_layout(info, trainer.config, path)  # not damage: refused, never skipped
     saved = {"info": info, "step": int(info["step"]), "kl_controller": info["kl_controller"],
              "trainer": torch.load(path / "trainer_state.pt", weights_only=True)}
     check_safetensors(path / "policy")
     if trainer.value_model is not None:
         check_safetensors(path / "value")
-    if _moving_reference(trainer):
+    if sharding.sharded(trainer.config) and not (path / SHARDED / ".metadata").is_file():
+        raise FileNotFoundError(f"{path / SHARDED}: no sharded training state")
+    if _moving_reference(trainer) and not sharding.sharded(trainer.config):
         from safetensors.torch import load_file
 
         load_file(str(path / "reference.safetensors"))  # raises when missing or damaged
@@ -267,6 +298,15 @@ def _apply(trainer: RLTrainer, path: Path, saved: dict) -> None:
     settings = [[{k: g[k] for k in ("initial_lr", "eps", "weight_decay")} for g in s.optimizer.param_groups]
                 for s in trainer.schedulers]
     state = saved["trainer"]
+    if sharding.sharded(trainer.config):
+        sharding.load_sharded(trainer, path / SHARDED)
+    else:
+        _load_whole(trainer, path, state)
+    _apply_rest(trainer, saved, state, settings)
+
+
+def _load_whole(trainer: RLTrainer, path: Path, state: dict) -> None:
+    """Weights and optimizer state of unsharded models (one process, or DDP)."""
     try:
         load_policy_weights(trainer.accelerator.unwrap_model(trainer.policy), path / "policy")
         if trainer.value_model is not None:
@@ -281,6 +321,10 @@ def _apply(trainer: RLTrainer, path: Path, saved: dict) -> None:
     except (RuntimeError, ValueError, KeyError, TypeError) as error:
         raise run_dir.RunDirectoryError(f"{path}: does not fit the model and optimizer this config builds "
                                         f"({type(error).__name__}: {error})") from None
+
+
+def _apply_rest(trainer: RLTrainer, saved: dict, state: dict, settings: list) -> None:
+    """Schedulers, RNG streams and the loop's own state."""
     for scheduler, scheduler_state, groups in zip(trainer.schedulers, state["schedulers"], settings):
         scheduler.load_state_dict(scheduler_state)
         scheduler.base_lrs = [g["initial_lr"] for g in groups]

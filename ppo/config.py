@@ -43,8 +43,8 @@ MAX_SEED = 2**63 - 1
 # on, never what one step computes. Any other difference between a run's config.yaml and
 # the resuming config is refused unless explicitly allowed (`resume_conflicts`).
 RESUMABLE_FIELDS = ("total_steps", "output_dir", "device", "threads", "progress", "eval_every", "save_every",
-                    "keep_checkpoints", "log_samples", "retain_freed_memory", "report_to", "tracker_project", "run_name",
-                    "run_group", "run_tags")
+                    "keep_checkpoints", "log_samples", "retain_freed_memory", "offload_frozen_models", "report_to",
+                    "tracker_project", "run_name", "run_group", "run_tags")
 LOSS_AGG_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "prompt_mean")
 REWARD_WHITENING_MODES = ("masked", "stats", "alpacafarm")  # ppo/rewards.py whiten_rewards
 SCORE_POSITIONS = ("last_token", "after_last_token")  # ppo/rewards.py shape_rewards
@@ -243,6 +243,8 @@ class PPOConfig:
     lora_alpha: float = _f(16.0, "LoRA scale: the adapter adds (alpha / r) B A (peft lora_alpha).")
     lora_target_modules: str = _f("all-linear", "Layers that get adapters: 'all-linear' (every linear layer but the output head; QLoRA) or comma-separated module names such as 'q_proj,v_proj' (the LoRA paper).")
     lora_critic: bool = _f(False, "Also train the critic through LoRA adapters on its backbone, its scalar head fully trainable; needs lora_r > 0.")
+    sharding: str = _f("none", "'none': every process holds whole models (DDP); 'fsdp': PyTorch FSDP2 splits the four models' weights, and policy and critic's gradients and AdamW state, across the processes (Zhao et al. 2023; AlpacaFarm trains with FSDP).")
+    offload_frozen_models: bool = _f(False, "With sharding='fsdp', keep the reference and reward model's shards in CPU memory and move them to the device one block at a time (FSDP CPUOffloadPolicy): device memory for transfer time.")
 
     # ------------------------------------------------------------------ speed toggles
     # Exact optimisations, each tested equal on and off (tests/test_lean_forward.py,
@@ -272,6 +274,9 @@ class PPOConfig:
     def validate_for_run(self) -> None:
         """Checks that only matter when a run starts (a preset may name a reward model that
         the user supplies later)."""
+        if self.offload_frozen_models and self.sharding != "fsdp":  # checked here: a launcher may switch it on
+            raise ValueError("PPOConfig.offload_frozen_models: offloads the shards of sharding='fsdp'; set "
+                             "sharding='fsdp' or launch with an accelerate FSDP config")
         if self.value_init.startswith("reward_model") and self.uses_value_model and not self.reward_model_path:
             raise ValueError(f"PPOConfig.value_init: {self.value_init!r} needs reward_model_path (the verifiable testbed "
                              "has no reward model; use 'policy', or --testbed which does so)")

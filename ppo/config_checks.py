@@ -192,6 +192,13 @@ def validate(config) -> None:
         bad("lora_alpha", "must be > 0")
     if not config.lora_target_modules.strip() or config.lora_target_modules.strip(" ,") == "":
         bad("lora_target_modules", "must be 'all-linear' or comma-separated module names")
+    choice("sharding", ("none", "fsdp"))
+    if config.sharding == "fsdp" and config.mixed_precision == "fp16":
+        bad("mixed_precision", "'fp16' needs a loss scaler, which sharded gradients (sharding='fsdp') do not get here; "
+                               "use 'bf16'")
+    if config.sharding == "fsdp" and config.difficulty_filter and config.difficulty_filter_mode == "resample":
+        bad("difficulty_filter_mode", "'resample' lets each process take its own number of sampling rounds, and under "
+                                      "sharding='fsdp' every forward pass needs all processes; use 'renormalize'")
     if config.lora_critic and config.lora_r == 0:
         bad("lora_critic", "needs lora_r > 0 (the critic's adapters use the policy's rank and alpha)")
 

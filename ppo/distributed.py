@@ -174,6 +174,17 @@ def broadcast_object(value: Any) -> Any:
     return holder[0]
 
 
+def broadcast_tensors_(tensors) -> None:
+    """Overwrite each tensor in place with rank 0's (what DDP does to a model it wraps)."""
+    if not is_distributed():
+        return
+    with torch.no_grad():
+        for tensor in tensors:
+            sent = tensor.detach().to(_collective_device(), copy=True)
+            dist.broadcast(sent, src=0)
+            tensor.copy_(sent)
+
+
 def barrier() -> None:
     if is_distributed():
         dist.barrier()

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from . import distributed, lean_forward
+from . import distributed, lean_forward, sharding
 from .kl import full_kl, kl_penalty
 from .lean_forward import response_logits
 from .logprobs import (_pad_columns, _unpadded_inputs, logprobs_from_logits, padded_response_values, response_logprobs, response_logprobs_and_values,
@@ -204,13 +204,18 @@ class ForwardPasses:
             return False
         if cfg.lora_r:
             raise ValueError("PPOConfig.ref_update_every: with LoRA the reference is the base model itself")
+        sharding.reshard(self.policy, self.ref_policy)
         policy = dict(getattr(self.policy, "module", self.policy).named_parameters())
         with torch.no_grad():
             for name, ref_param in getattr(self.ref_policy, "module", self.ref_policy).named_parameters():
                 source = policy[name]
                 if source.shape != ref_param.shape:
                     raise ValueError(f"PPOConfig.ref_update_every: policy and reference differ at {name}")
-                ref_param.mul_(1.0 - cfg.ref_update_alpha).add_(source.to(ref_param.dtype), alpha=cfg.ref_update_alpha)
+                # Sharded (FSDP): both hold the same slice of the same layout; the reference's
+                # may sit in CPU memory (offload_frozen_models).
+                target = sharding.local(ref_param)
+                target.mul_(1.0 - cfg.ref_update_alpha).add_(sharding.local(source).to(target.device, target.dtype),
+                                                             alpha=cfg.ref_update_alpha)
         return True
 
     # -- phase 7: the update (autograd) ----------------------------------------------------

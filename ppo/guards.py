@@ -32,6 +32,7 @@ import numbers
 from typing import Any, Callable, Sequence
 
 import torch
+from torch.distributed.tensor import DTensor
 
 from . import distributed
 
@@ -206,7 +207,7 @@ def check_parameters(parameters: Sequence[torch.nn.Parameter], step: int) -> Non
     # One norm per block of weights stored back to back, one fused norm per other weight: a NaN
     # or inf weight makes its norm non-finite. Only if a norm is non-finite (which finite but
     # huge weights can also give) check element-wise. 16-bit blocks are summed in float32.
-    parameters = [p for p in parameters]
+    parameters = [p.to_local() if isinstance(p, DTensor) else p for p in parameters]  # FSDP: this rank's shards
     blocks, rest = contiguous_blocks(parameters)
     norms = ([torch.linalg.vector_norm(b, dtype=torch.float32 if b.element_size() < 4 else None) for b in blocks]
              + (list(torch._foreach_norm(rest)) if rest else []))

@@ -76,29 +76,46 @@ class AdapterDisabledReference:
         return self.peft_model.parameters()
 
 
-def merged_state_dict(peft_model) -> dict[str, torch.Tensor]:
-    """The base model's state dict (original key names) with every adapter merged in."""
+def merged_state_dict(peft_model, full: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    """The base model's state dict (original key names) with every adapter merged in.
+
+    `full`: the peft model's whole state dict, gathered from a sharded model (whose own
+    weights are shards); the merge ``W + scaling * B A`` is then made from its tensors."""
     from peft.tuners.lora import LoraLayer
     from peft.utils.save_and_load import get_base_model_state_dict
 
-    state = get_base_model_state_dict(peft_model)
     adapter = peft_model.active_adapter
-    for name, module in peft_model.base_model.model.named_modules():
-        if isinstance(module, LoraLayer) and adapter in module.lora_A:
+    layers = {name: module for name, module in peft_model.base_model.model.named_modules()
+              if isinstance(module, LoraLayer) and adapter in module.lora_A}
+    if full is None:
+        state = get_base_model_state_dict(peft_model)
+        for name, module in layers.items():
             weight = module.get_base_layer().weight
             state[f"{name}.weight"] = (weight + module.get_delta_weight(adapter).to(weight.dtype)).detach()
+        return state
+    inner = {key.removeprefix("base_model.model."): value for key, value in full.items()}
+    state = {key.replace(".base_layer.", "."): value for key, value in inner.items() if ".lora_" not in key}
+    for name, module in layers.items():
+        if not isinstance(module.get_base_layer(), torch.nn.Linear):
+            raise ValueError(f"PPOConfig.lora_target_modules: {name} is not a linear layer; a sharded LoRA policy "
+                             "(sharding='fsdp') merges linear adapters only")
+        delta = inner[f"{name}.lora_B.{adapter}.weight"] @ inner[f"{name}.lora_A.{adapter}.weight"]
+        delta = (delta.T if module.fan_in_fan_out else delta) * module.scaling[adapter]
+        weight = state[f"{name}.weight"]
+        state[f"{name}.weight"] = weight + delta.to(weight.dtype)
     return state
 
 
-def save_policy(model, path: str | Path) -> None:
-    """``save_pretrained`` for a plain or a LoRA policy (merged weights plus ``adapter/``)."""
+def save_policy(model, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """``save_pretrained`` for a plain or a LoRA policy (merged weights plus ``adapter/``);
+    `state_dict` is the model's whole state when its own weights are shards."""
     path = Path(path)
     if not is_lora(model):
-        model.save_pretrained(path)
+        model.save_pretrained(path, **({} if state_dict is None else {"state_dict": state_dict}))
         return
     base = model.get_base_model()
-    base.save_pretrained(path, state_dict={k: v.contiguous() for k, v in merged_state_dict(model).items()})
-    model.save_pretrained(path / "adapter")
+    base.save_pretrained(path, state_dict={k: v.contiguous() for k, v in merged_state_dict(model, state_dict).items()})
+    model.save_pretrained(path / "adapter", **({} if state_dict is None else {"state_dict": state_dict}))
 
 
 def load_policy_weights(model, path: str | Path, skip: tuple[str, ...] = ()) -> None:

@@ -18,6 +18,8 @@ Implementation details that live here:
   checkpointing, a DDP wrapper) so does the reference, or float rounding fakes a step-1 KL.
 - **Token ids fit the embedding** (`check_token_ids`): a tokenizer's pad id past the
   embedding matrix grows a loaded policy's matrix, or is refused with what to do.
+- **Sharded models** (`PPOConfig.sharding`): with "fsdp" the four models are sharded across
+  the processes (`setup_sharded`, ppo/sharding.py) instead of being wrapped by accelerate.
 - **Special tokens spelled in prompt text** (`PPOConfig.split_special_tokens`): by default
   ``'hello<eos>world'`` is encoded with the EOS token inside the prompt (the tokenizer's
   usual rule); True encodes such text as the characters it is made of.
@@ -29,7 +31,7 @@ import copy
 
 from value_model import ScalarHeadModel
 
-from . import distributed, lean_forward
+from . import distributed, lean_forward, sharding
 from .lora import AdapterDisabledReference, apply_lora
 from .optimization import build_lr_scheduler, build_optimizers
 from .policy import (declared_stop_token_ids, disable_dropout, enable_gradient_checkpointing, load_policy,
@@ -91,6 +93,9 @@ def setup_models(trainer, model_path: str | None, policy=None, tokenizer=None) -
             config.reward_model_path, dtype=master_dtype(config.model_dtype),
             attn_implementation=config.attn_implementation).eval().requires_grad_(False)
 
+    if sharding.sharded(config):  # FSDP2: each process keeps 1/N of every model (ppo/sharding.py)
+        setup_sharded(trainer, policy, value_model, ref_policy, reward_model)
+        return
     # The critic gets its own AdamW by default (separate_value_optimizer).
     policy_optimizer, value_optimizer = build_optimizers(config, policy, value_model)
     trainer.schedulers = [build_lr_scheduler(opt, config.lr_schedule, config.warmup_steps, config.total_steps)
@@ -124,6 +129,25 @@ def setup_models(trainer, model_path: str | None, policy=None, tokenizer=None) -
                             padding_free=config.padding_free)
         if config.paired_critic_pass:  # one stacked update pass of policy and critic when shapes match
             lean_forward.pair(trainer.policy_module, value_module)
+
+
+def setup_sharded(trainer, policy, value_model, ref_policy, reward_model) -> None:
+    """`setup_models` under `PPOConfig.sharding` "fsdp": the four models sharded in place, the
+    optimizers built on the shards; no accelerate wrapper (FSDP does the gradient reduction
+    DDP would), and the plain Hugging Face forward and generate (the lean paths decline)."""
+    config = trainer.config
+    sharding.shard_models(config, trainer.device, policy, value_model, ref_policy, reward_model)
+    trainer.policy = trainer.policy_module = policy
+    trainer.value_model = value_model
+    trainer.policy_optimizer, trainer.value_optimizer = build_optimizers(config, policy, value_model)
+    trainer.schedulers = [build_lr_scheduler(opt, config.lr_schedule, config.warmup_steps, config.total_steps)
+                          for opt in (trainer.policy_optimizer, trainer.value_optimizer) if opt is not None]
+    trainer.model_parameters = [list(model.parameters()) if model is not None else []
+                                for model in (policy, value_model)]
+    if ref_policy is None and config.uses_reference_model:
+        ref_policy = AdapterDisabledReference(policy, policy)
+    trainer.ref_policy = ref_policy
+    trainer.reward_model = reward_model
 
 
 def check_token_ids(policy, tokenizer, resize: bool) -> None:

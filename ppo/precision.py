@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.distributed.tensor import DTensor
 
 MODEL_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "auto": None}
 
@@ -91,13 +92,16 @@ def clip_grad_norms(accelerator, optimizers: list, parameter_groups: list[list[t
     Returns each group's norm before clipping. Float32 gradients of one device, unsharded
     (one process or DDP, whose gradients are already averaged), take `_clip_local`: one
     pass of per-tensor norms serves every group's norm and the joint one. Otherwise each
-    call is accelerate's own ``clip_grad_norm_`` (which also knows FSDP and DeepSpeed).
+    call is accelerate's own ``clip_grad_norm_`` (which also knows FSDP and DeepSpeed), except
+    for this project's own sharded models (`PPOConfig.sharding`), whose shards take `_clip_sharded`.
     """
     scaler = accelerator.scaler if loss_scaling(accelerator) else None
     if scaler is not None:
         for optimizer in optimizers:
             scaler.unscale_(_raw(optimizer))
     grads = [[p.grad for p in group if p.grad is not None] for group in parameter_groups]
+    if any(isinstance(g, DTensor) for group in grads for g in group):
+        return _clip_sharded(grads, max_norm, joint)
     if _local_float32(accelerator, [g for group in grads for g in group]):
         return _clip_local(grads, max_norm, joint)
     clip = accelerator.clip_grad_norm_ if scaler is None else torch.nn.utils.clip_grad_norm_
@@ -134,6 +138,24 @@ def _clip_local(grads: list[list[torch.Tensor]], max_norm: float, joint: bool) -
         coef = torch.clamp(max_norm / (total + 1e-6), max=1.0)
         if group and float(coef) < 1.0:
             torch._foreach_mul_(group, coef)
+    return [float(n) for n in norms]
+
+
+def _clip_sharded(grads: list[list[torch.Tensor]], max_norm: float, joint: bool) -> list[float]:
+    """`_clip_local` for FSDP's sharded gradients (sharding="fsdp"): each rank sums the squares
+    of its own shards, one all-reduce makes the whole norms, and each rank scales its shards."""
+    from .distributed import global_sum
+
+    shards = [[g.to_local() for g in group] for group in grads]
+    squares = torch.stack([torch.stack(torch._foreach_norm(group, 2, dtype=torch.float32)).double().square().sum()
+                           if group else torch.zeros((), dtype=torch.float64) for group in shards])
+    norms = global_sum(squares).sqrt()  # [groups]
+    totals = [norms.square().sum().sqrt()] * len(shards) if joint else list(norms)
+    with torch.no_grad():
+        for total, group in zip(totals, shards):
+            coef = min(1.0, max_norm / (float(total) + 1e-6))
+            if group and coef < 1.0:
+                torch._foreach_mul_(group, coef)
     return [float(n) for n in norms]
 
 

@@ -19,7 +19,8 @@ What a reader may skip lives in modules named for it, one call each from here: b
 models and optimizers (`ppo/models.py`), the forward passes and their exact speed paths
 (`ppo/forward_passes.py`), what a step logs (`ppo/metrics.py`), the run loop, evaluation
 and logging (`ppo/run_loop.py`), checkpoints (`ppo/checkpoints.py`), the optimizer step
-(`ppo/optimization.py`), collectives across processes (`ppo/distributed.py`).
+(`ppo/optimization.py`), collectives across processes (`ppo/distributed.py`), sharded
+models (`ppo/sharding.py`).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import torch
 from gae import estimate_advantages, whiten
 from value_model.reward_model import last_token_scores
 
-from . import allocator, checkpoints, distributed, guards, rollout_correction, run_loop
+from . import allocator, checkpoints, distributed, guards, rollout_correction, run_loop, sharding
 from .buffer import ExperienceBuffer, accumulation_weights, with_group_shares
 from .config import PPOConfig
 from .dynamic_sampling import ScoredBatch, sample_batch
@@ -81,6 +82,7 @@ class RLTrainer:
 
     def __init__(self, config: PPOConfig, task=None, prompts: list[str] | None = None,
                  reward_fn: Callable | None = None, policy=None, tokenizer=None):
+        config = sharding.from_launcher(config)  # an accelerate FSDP launch config asks for sharding="fsdp"
         config.validate_for_run()
         self.config = config
         self.accelerator = distributed.make_accelerator(config)  # one precision per process

@@ -105,15 +105,22 @@ class ScalarHeadModel(nn.Module):
             disable_dropout(model)
         return model
 
-    def save_pretrained(self, path: str | Path) -> None:
+    def save_pretrained(self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """The backbone as an HF model directory plus the head; a LoRA backbone is saved
-        merged (a plain backbone) with its adapter in ``adapter/`` (see ppo/lora.py)."""
+        merged (a plain backbone) with its adapter in ``adapter/`` (see ppo/lora.py).
+        `state_dict`: this model's whole state when its own weights are shards (FSDP)."""
         from ppo.lora import save_policy
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
-        save_policy(self.backbone, path)
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.head.state_dict().items()}, str(path / HEAD_WEIGHTS))
+        backbone_state = head_state = None
+        if state_dict is not None:
+            backbone_state = {k.removeprefix("backbone."): v for k, v in state_dict.items()
+                              if k.startswith("backbone.")}
+            head_state = {k.removeprefix("head."): v for k, v in state_dict.items() if k.startswith("head.")}
+        save_policy(self.backbone, path, backbone_state)
+        head_state = self.head.state_dict() if head_state is None else head_state
+        save_file({k: v.detach().contiguous().cpu() for k, v in head_state.items()}, str(path / HEAD_WEIGHTS))
         (path / HEAD_INFO).write_text(json.dumps({"kind": self.kind, "hidden_size": self.head.in_features}))
 
 

@@ -125,7 +125,7 @@ class VLLMSampler:
         self.sleeps = config.vllm_sleep and self.on_gpu
         engine = dict(
             dtype=_vllm_dtype(config.model_dtype, base),
-            seed=distributed.rank_seed(config.seed, distributed.rank()),
+            seed=distributed.rank_seed(config.seed, distributed.rank()) % 2**32,  # vLLM seeds numpy: 32 bits
             max_model_len=context_length(base) or config.response_length + (config.max_prompt_length or 512),
             enforce_eager=not self.on_gpu,
             skip_tokenizer_init=True,
@@ -149,6 +149,11 @@ class VLLMSampler:
         self._hook = optimizer.register_step_post_hook(
             lambda *_: this() is not None and setattr(this(), "stale", True))
         self.policy = policy
+        distributed.close_before_shutdown(lambda: this() is not None and this().close())
+
+    def close(self) -> None:
+        """Shut the engine down (its process groups with it); `distributed.shutdown` calls this."""
+        self.engine.llm_engine.engine_core.shutdown()
 
     def sync(self, policy=None) -> None:
         """Load the policy's current weights (LoRA merged) into the engine."""

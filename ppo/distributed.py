@@ -31,7 +31,7 @@ import os
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -196,10 +196,22 @@ def shutdown() -> None:
     communication threads down during interpreter exit, while another rank may still be
     talking to it, which can abort that process (SIGABRT, "terminate called without an
     active exception") after a run that finished correctly. No group: nothing to do."""
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    barrier()
-    dist.destroy_process_group()
+    if dist.is_available() and dist.is_initialized():
+        barrier()
+    while _closers:  # a vLLM engine tears down its own groups, and the default one with them
+        _closers.pop()()
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+_closers: list[Callable[[], None]] = []
+
+
+def close_before_shutdown(close: Callable[[], None]) -> None:
+    """Have `shutdown` call `close` after the last barrier and before the group goes: for
+    what holds process groups of its own (ppo/vllm_sampler.py), whose teardown at
+    interpreter exit would find the groups already destroyed."""
+    _closers.append(close)
 
 
 class GlobalMeans:

@@ -124,6 +124,8 @@ class ForwardPasses:
         """The behaviour policy's log-probs of the sampled tokens, ``[B, T]``."""
         self._reused = self._reuse_first_micro_batch(rollout) if self.reuses_update_forward else None
         with torch.no_grad(), scoring_mode(self.policy, self.value_model), self.timer("policy_forward"):
+            if self.config.logprobs_from_generation and rollout.sampler_logprobs is not None:  # vLLM's own
+                return rollout.sampler_logprobs
             if self.config.logprobs_from_generation:
                 return logprobs_from_logits(rollout.generation_logits, rollout.response_ids, self.temperature)
             return self._old_pass(rollout, "logprobs", lambda *args: response_logprobs(

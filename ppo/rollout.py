@@ -60,6 +60,7 @@ class Rollout:
     has_eos: torch.Tensor  # [B] bool: the response ended with a stop token
     generation_logits: torch.Tensor | None = None  # [B, T, V] raw logits, if requested
     prompt_truncated: torch.Tensor | None = None  # [B] bool: the prompt was cut to max_prompt_length
+    sampler_logprobs: torch.Tensor | None = None  # [B, T] the sampler's own log-probs (vLLM), 0 on padding
 
     @property
     def response_lengths(self) -> torch.Tensor:
@@ -70,8 +71,9 @@ class Rollout:
 
     def to(self, device) -> "Rollout":
         """The batch's id, mask and stop tensors moved to `device` (in place; returns self)."""
-        for name in ("query_ids", "query_mask", "response_ids", "response_mask", "has_eos"):
-            setattr(self, name, getattr(self, name).to(device))
+        for name in ("query_ids", "query_mask", "response_ids", "response_mask", "has_eos", "sampler_logprobs"):
+            if getattr(self, name) is not None:
+                setattr(self, name, getattr(self, name).to(device))
         return self
 
 
@@ -240,9 +242,10 @@ def pad_to_width(rollout: Rollout, width: int, pad_token_id: int) -> Rollout:
     if missing == 0:
         return rollout
     pad = torch.nn.functional.pad
-    logits = rollout.generation_logits
+    logits, sampler_logprobs = rollout.generation_logits, rollout.sampler_logprobs
     return dataclasses.replace(
         rollout,
+        sampler_logprobs=None if sampler_logprobs is None else pad(sampler_logprobs, (0, missing)),  # [B, width]
         response_ids=pad(rollout.response_ids, (0, missing), value=pad_token_id),  # [B, width]
         response_mask=pad(rollout.response_mask, (0, missing), value=0),  # [B, width]
         generation_logits=None if logits is None else pad(logits, (0, 0, 0, missing)))  # [B, width, V]

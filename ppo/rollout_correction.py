@@ -23,7 +23,10 @@ Implementation details that live here (`PPOConfig.rollout_correction`, `rollout_
   arXiv 2510.26788, reports the precision as the main source).
 - **The logged mismatch**: ``rollout_mismatch_kl`` (k3 estimate of KL(sampler || trainer) per
   token), ``rollout_ratio_min`` / ``rollout_ratio_max`` (token ratios),
-  ``rollout_corrected_frac`` (tokens whose weight was capped or which were masked).
+  ``rollout_corrected_frac`` (tokens whose weight was capped or which were masked),
+  ``rollout_logprob_gap_mean`` / ``rollout_logprob_gap_max`` (mean and largest
+  |logp_trainer - logp_sampler| per token). Logged every step when the sampler returns its
+  own log-probs (``generation_backend="vllm"``, ppo/vllm_sampler.py), which it always does.
 
 The TIS weight is applied by scaling the advantages: every clipped surrogate is a min / max of
 terms linear in the advantage, so a positive per-token factor moves through it exactly.
@@ -59,6 +62,17 @@ def sampling_autocast(precision: str, device: torch.device | str, model=None):
         raise ValueError("PPOConfig.sampling_precision: 'bf16' needs lean_forward=False (the lean sampler keeps "
                          "a float32 KV cache)")
     return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16)
+
+
+def sampler_token_logprobs(rollout, temperature: float) -> torch.Tensor:
+    """The sampler's log-probs of the sampled tokens, ``[B, T]``, 0 on padding: the ones it
+    returned itself (vLLM), else taken from its generation logits at `temperature`."""
+    if rollout.sampler_logprobs is not None:
+        return rollout.sampler_logprobs * rollout.response_mask.float()
+    from .logprobs import logprobs_from_logits
+
+    logprobs = logprobs_from_logits(rollout.generation_logits, rollout.response_ids, temperature)  # [B, T]
+    return logprobs * rollout.response_mask.float()
 
 
 def correction_weights(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor,
@@ -112,8 +126,10 @@ def mismatch_metrics(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor,
     else:
         corrected = (ratio < floor) | (ratio > cap)
     token_ratio = (old_logprobs - sampler_logprobs)[real].exp()
+    gap = (old_logprobs - sampler_logprobs)[real].abs()  # |logp_trainer - logp_sampler| per token
     return {"rollout_mismatch_kl": float(kl), "rollout_ratio_min": float(token_ratio.min()),
-            "rollout_ratio_max": float(token_ratio.max()), "rollout_corrected_frac": float(corrected.float().mean())}
+            "rollout_ratio_max": float(token_ratio.max()), "rollout_corrected_frac": float(corrected.float().mean()),
+            "rollout_logprob_gap_mean": float(gap.mean()), "rollout_logprob_gap_max": float(gap.max())}
 
 
 def correct(config, rollout, old_logprobs: torch.Tensor, advantages: torch.Tensor, loss_mask: torch.Tensor,
@@ -121,12 +137,10 @@ def correct(config, rollout, old_logprobs: torch.Tensor, advantages: torch.Tenso
     """The trainer's one call: `(advantages, loss_mask, metrics)` after the configured
     correction; unchanged and no metrics when neither a correction nor the log is asked for."""
     mode = config.rollout_correction
-    if mode == "none" and not config.log_rollout_mismatch:
+    if mode == "none" and not config.log_rollout_mismatch and rollout.sampler_logprobs is None:
         return advantages, loss_mask, {}
-    from .logprobs import logprobs_from_logits
 
-    sampler_logprobs = logprobs_from_logits(rollout.generation_logits, rollout.response_ids, temperature)  # [B, T]
-    sampler_logprobs = sampler_logprobs * rollout.response_mask.float()
+    sampler_logprobs = sampler_token_logprobs(rollout, temperature)  # [B, T]
     cap, floor = config.rollout_correction_cap, config.rollout_correction_floor
     weights, corrected = correction_weights(old_logprobs, sampler_logprobs, loss_mask, mode, cap, floor)
     metrics = mismatch_metrics(old_logprobs, sampler_logprobs, loss_mask, mode, cap, floor)

@@ -34,7 +34,7 @@ import torch
 from gae import estimate_advantages, whiten
 from value_model.reward_model import last_token_scores
 
-from . import allocator, checkpoints, distributed, guards, rollout_correction, run_loop, sharding
+from . import allocator, checkpoints, distributed, guards, rollout_correction, run_loop, sharding, vllm_sampler
 from .buffer import ExperienceBuffer, accumulation_weights, with_group_shares
 from .config import PPOConfig
 from .dynamic_sampling import ScoredBatch, sample_batch
@@ -106,6 +106,7 @@ class RLTrainer:
         self.shuffle_generator = torch.Generator().manual_seed(seed)  # minibatch order
         self.output_dir = Path(config.output_dir)
         setup_models(self, model_path, policy, tokenizer)  # policy, ref_policy, value_model, optimizers, ...
+        self.vllm_sampler = vllm_sampler.build(self)  # generation_backend='vllm': this process's engine, else None
         self.timer = PhaseTimer()
         self.passes = ForwardPasses(self.policy, self.value_model, self.ref_policy, config, self.shuffle_generator,
                                     self.micro_batch_size, self.timer)
@@ -327,12 +328,13 @@ class RLTrainer:
         cfg = self.config
         problems = [p for p in self.prompt_pool.sample(n_prompts) for _ in range(cfg.group_size)]  # [B]
         precision = rollout_correction.sampling_autocast(cfg.sampling_precision, self.device, self.policy_module)
+        sample = generate if self.vllm_sampler is None else self.vllm_sampler.generate  # generation_backend
         with self.timer("generate"), precision:  # bf16 sampling: a real sampler-trainer mismatch
-            rollout = generate(self.policy_module, self.tokenizer, [p.prompt for p in problems], cfg.response_length,
-                               temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
-                               return_logits=cfg.logprobs_from_generation or rollout_correction.wants_sampler_logprobs(cfg),
-                               stop_token_ids=self.stop_token_ids,
-                               max_prompt_length=self.max_prompt_length, prompt_truncation=cfg.prompt_truncation)
+            rollout = sample(self.policy_module, self.tokenizer, [p.prompt for p in problems], cfg.response_length,
+                             temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
+                             return_logits=cfg.logprobs_from_generation or rollout_correction.wants_sampler_logprobs(cfg),
+                             stop_token_ids=self.stop_token_ids,
+                             max_prompt_length=self.max_prompt_length, prompt_truncation=cfg.prompt_truncation)
         rollout = self._to_device(rollout)
         texts = decode_responses(self.tokenizer, rollout)
         with self.timer("score"):
@@ -411,4 +413,7 @@ class RLTrainer:
 
     def load_checkpoint(self) -> bool:
         """Restore the newest intact checkpoint; False when there is none (`ppo.checkpoints.load`)."""
-        return checkpoints.load(self)
+        loaded = checkpoints.load(self)
+        if loaded and self.vllm_sampler is not None:
+            self.vllm_sampler.stale = True  # the engine holds the weights from before the load
+        return loaded

@@ -207,6 +207,10 @@ def validate(config) -> None:
     if config.sharding == "fsdp" and config.difficulty_filter and config.difficulty_filter_mode == "resample":
         bad("difficulty_filter_mode", "'resample' lets each process take its own number of sampling rounds, and under "
                                       "sharding='fsdp' every forward pass needs all processes; use 'renormalize'")
+    if config.sharding == "fsdp" and config.generation_backend == "vllm":
+        bad("generation_backend", "'vllm' loads the whole policy into each process's engine after every update, and "
+                                  "under sharding='fsdp' each process holds only its shard; sample with 'hf', or "
+                                  "shard with sharding='none'")
     if config.lora_critic and config.lora_r == 0:
         bad("lora_critic", "needs lora_r > 0 (the critic's adapters use the policy's rank and alpha)")
 

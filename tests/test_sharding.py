@@ -263,6 +263,8 @@ def test_sharding_settings_are_checked():
     PPOConfig(offload_frozen_models=True, sharding="fsdp").validate_for_run()
     with pytest.raises(ValueError, match=r"PPOConfig.mixed_precision: 'fp16' needs a loss scaler"):
         PPOConfig(sharding="fsdp", mixed_precision="fp16")
+    with pytest.raises(ValueError, match=r"PPOConfig.generation_backend: 'vllm' loads the whole policy"):
+        PPOConfig(sharding="fsdp", generation_backend="vllm")
     with pytest.raises(ValueError, match=r"PPOConfig.difficulty_filter_mode: 'resample'"):
         preset("grpo", sharding="fsdp", difficulty_filter=True, difficulty_filter_mode="resample")
 

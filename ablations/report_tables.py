@@ -21,7 +21,7 @@ def verdict(entry: dict, style: str = "g") -> str:
     if entry["zero_spread"] and entry["mean"] == 0:
         return "identical in every pair"
     if entry["too_few"]:
-        return f"too few seeds ({entry['n']} pairs; a verdict needs {MIN_PAIRS})"
+        return f"too few seeds ({entry['n']} pair{'s' if entry['n'] != 1 else ''}; a verdict needs {MIN_PAIRS})"
     if entry["zero_spread"]:
         return f"no verdict: zero spread (every pair differs by {_fmt(entry['mean'], 'signed' if style == 'acc' else style)})"
     if entry["separated"]:

@@ -377,7 +377,8 @@ def claims_table(rows: Sequence[dict], claims: Sequence[Claim] = CLAIMS) -> str:
     seeds), its paired difference, p-value (Holm-adjusted within a several-part claim),
     verdict, and anything changed after registration."""
     lines = ["| claim (source) | ablation: registered comparison | quantity | direction | registered seeds | "
-             "difference (mean ± 95% CI, paired) | p (paired t; TOST with a margin) | verdict | changed after registration |",
+             "difference (mean ± 95% CI, paired) | p (paired t; TOST with a margin) | verdict | "
+             "changed after registration |",
              "|---|---|---|---|---|---|---|---|---|"]
     directions = {1: "first larger", -1: "first smaller", 0: "no difference"}
     for claim, result in zip(claims, evaluate_claims(rows, claims)):

@@ -23,7 +23,8 @@ def verdict(entry: dict, style: str = "g") -> str:
     if entry["too_few"]:
         return f"too few seeds ({entry['n']} pair{'s' if entry['n'] != 1 else ''}; a verdict needs {MIN_PAIRS})"
     if entry["zero_spread"]:
-        return f"no verdict: zero spread (every pair differs by {_fmt(entry['mean'], 'signed' if style == 'acc' else style)})"
+        shift = _fmt(entry["mean"], "signed" if style == "acc" else style)
+        return f"no verdict: zero spread (every pair differs by {shift})"
     if entry["separated"]:
         return "separated"
     return f"no difference detected at n={entry['n']} (detectable about {_fmt(entry['detectable'], style)})"

@@ -219,17 +219,16 @@ def test_no_difference_is_consistent_only_inside_a_registered_margin():
 def test_the_verdict_uses_registered_seeds_and_shows_amendments():
     """Data for seeds 1-4; registered 1-3. Seed 4 (accuracy -0.5) is left out and named; the
     amended test on seeds 1-4 is shown beside the registered verdict, post hoc."""
-    rows = ROWS + rows_for("toy", {"base": {"final_sampled_accuracy": [0.0] * 4},
-                                   "other": {"final_sampled_accuracy": [0.0] * 4}})[3::4]
-    rows = [r for r in rows if r["seed"] <= 3] + [
+    rows = ROWS + [
         {"ablation": "toy", "variant": "base", "seed": 4, "status": "ok", "final_sampled_accuracy": 0.9},
         {"ablation": "toy", "variant": "other", "seed": 4, "status": "ok", "final_sampled_accuracy": 0.4}]
     plain = claim(+1)
     result = evaluate_claim(plain, rows)
     assert result["n"] == 3 and result["verdict"] == "reproduced" and result["unregistered_seeds"] == [4]
     assert "seeds 4 in the data, not registered: left out" in claims.claims_table(rows, [plain])
-    amended = claim(+1, amendments=(claims.Amendment(("other", "final_sampled_accuracy"),
-                                                     ("base", "final_sampled_accuracy"), (1, 2, 3, 4), "seed 4 added"),))
+    amendment = claims.Amendment(("other", "final_sampled_accuracy"), ("base", "final_sampled_accuracy"),
+                                 (1, 2, 3, 4), "seed 4 added")
+    amended = claim(+1, amendments=(amendment,))
     row = claims.claims_table(rows, [amended]).splitlines()[2]
     # differences [0.2, 0.2, 0.1, -0.5]: mean 0, not detected
     assert "| reproduced | changed after registration: seed 4 added; amended test (post hoc):" in row

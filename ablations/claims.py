@@ -4,8 +4,9 @@
 directory or its ``results.csv``, prints two markdown tables:
 
 - **the lecture-claims table**: each claim of `CLAIMS` (what the course says, where it comes
-  from), the comparison that tests it on this testbed, the seed-paired difference with its
-  95% interval, and a verdict computed from that interval (`claim_verdict`);
+  from), the registered test (comparison, quantity, direction, seeds), the seed-paired
+  difference with its 95% interval and p-value, the verdict (`claim_verdict`) and anything
+  changed after registration;
 - **the at-a-glance table**: for every ablation in the sweep and every non-base variant, the
   paired difference from the base variant in the ablation's metric and in held-out sampled
   accuracy, each with the report's verdict (`ablations.report_tables.verdict`).

@@ -31,7 +31,7 @@ a `family` and their p-values get Holm's step-down correction, so a claim of two
 not twice as likely to come out "reproduced" by chance. For a direction of +-1 the claim is
 *reproduced* when the (Holm-adjusted) test rejects "no difference" on the claimed side,
 *contradicted* when it rejects on the other side, and otherwise *not detected*, with the
-smallest difference those seeds would have detected (80% power). A claim of no difference
+smallest difference those seeds would have detected (80% power at the unadjusted 5%). A claim of no difference
 can only be *consistent* against an equivalence margin registered with it: both one-sided
 tests (TOST) must put the difference inside +-margin. Without a margin it is *not detected*
 with its detectable size (an interval that holds zero also holds effects as large as that),

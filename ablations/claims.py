@@ -4,8 +4,9 @@
 directory or its ``results.csv``, prints two markdown tables:
 
 - **the lecture-claims table**: each claim of `CLAIMS` (what the course says, where it comes
-  from), the comparison that tests it on this testbed, the seed-paired difference with its
-  95% interval, and a verdict computed from that interval (`claim_verdict`);
+  from), the registered test (comparison, quantity, direction, seeds), the seed-paired
+  difference with its 95% interval and p-value, the verdict (`claim_verdict`) and anything
+  changed after registration;
 - **the at-a-glance table**: for every ablation in the sweep and every non-base variant, the
   paired difference from the base variant in the ablation's metric and in held-out sampled
   accuracy, each with the report's verdict (`ablations.report_tables.verdict`).
@@ -18,13 +19,23 @@ VARIANT instead of the base, `paired_against`). The doc can then only say what t
 `tests/test_claims.py` regenerates every block from the committed
 ``docs/results/data/results.csv`` and checks the doc agrees.
 
-Verdicts. A claim names a direction: +1 (the first quantity is larger), -1 (smaller) or 0
-(no difference: "works as well", "does not hurt"). For a direction of +-1 the claim is
-*reproduced* when the paired 95% interval excludes 0 on the claimed side, *contradicted*
-when it excludes 0 on the other side, and otherwise *not detected at n seeds*, with the
-smallest difference those seeds would have detected (80% power). A claim of no difference
-is *consistent* while the interval contains 0 (again with the detectable size, since
-"no difference detected" is only as strong as the seeds) and *contradicted* when it does not.
+Claims are pre-registered tests. Each `Claim` names, before its runs, the quantity (two
+``(variant, column)`` pairs), the direction (+1: the first is larger, -1: smaller, 0: no
+difference) and the seeds; the verdict uses exactly those. A later change to the quantity or
+the seeds is an `Amendment`, kept in the registry with its reason: the table shows it next to
+the verdict, with what the amended test gives, marked post hoc.
+
+Verdicts (alpha = 0.05, paired t test over the registered seeds; `ablations.stats` gives no
+verdict below `MIN_PAIRS` pairs or with zero spread). Parts of one several-part claim share
+a `family` and their p-values get Holm's step-down correction, so a claim of two parts is
+not twice as likely to come out "reproduced" by chance. For a direction of +-1 the claim is
+*reproduced* when the (Holm-adjusted) test rejects "no difference" on the claimed side,
+*contradicted* when it rejects on the other side, and otherwise *not detected*, with the
+smallest difference those seeds would have detected (80% power at the unadjusted 5%). A claim of no difference
+can only be *consistent* against an equivalence margin registered with it: both one-sided
+tests (TOST) must put the difference inside +-margin. Without a margin it is *not detected*
+with its detectable size (an interval that holds zero also holds effects as large as that),
+and *contradicted* when the difference test rejects.
 """
 
 from __future__ import annotations
@@ -41,8 +52,20 @@ from typing import Sequence
 from .report_tables import _ablation_table, _fmt, _paired_table, verdict
 from .run_results import TEXT_COLUMNS, ablation_spec, collect_runs
 from .stats import as_float as _as_float
-from .stats import paired_difference
+from .stats import MIN_PAIRS, paired_difference, t_two_sided_p
 from .variant_comparison import paired_differences, summarise
+
+
+@dataclass(frozen=True)
+class Amendment:
+    """A change made to a registered claim after its registration: the new quantity and/or
+    seeds, and why. The verdict stays the registered test's; the amended test is shown
+    beside it as post hoc."""
+
+    first: tuple[str, str]
+    second: tuple[str, str]
+    seeds: tuple[int, ...]
+    why: str
 
 
 @dataclass(frozen=True)
@@ -51,6 +74,9 @@ class Claim:
 
     `first` and `second` are ``(variant, column)`` pairs of one ablation's ``results.csv``
     rows; they may be the same variant (e.g. the logged KL minus the true KL of one run).
+    `seeds` are the seeds registered for the test. `family` groups the parts of one
+    several-part claim (Holm's correction over them); `margin` is the equivalence margin of a
+    claim of no difference, stated before its runs, in the column's units.
     """
 
     claim: str  # what the course says, in one sentence
@@ -60,52 +86,82 @@ class Claim:
     second: tuple[str, str]
     direction: int  # +1, -1, or 0 for "no difference"
     quantity: str  # what is compared, in words
+    seeds: tuple[int, ...] = ()
+    family: str = ""
+    margin: float | None = None
+    amendments: tuple[Amendment, ...] = ()
 
-    def comparison(self) -> str:
-        (v1, c1), (v2, c2) = self.first, self.second
+    def __post_init__(self):
+        if self.direction not in (-1, 0, 1):
+            raise ValueError(f"claim {self.claim!r}: direction must be -1, 0 or +1, got {self.direction}")
+        if not self.seeds:
+            raise ValueError(f"claim {self.claim!r}: no registered seeds")
+        if self.margin is not None and (self.direction != 0 or not self.margin > 0):
+            raise ValueError(f"claim {self.claim!r}: margin is for claims of no difference and must be > 0")
+
+    def comparison(self, first: tuple[str, str] | None = None, second: tuple[str, str] | None = None) -> str:
+        """The comparison with its columns, e.g. ```std` - `no_std` in `adv_share_level0```."""
+        (v1, c1), (v2, c2) = first or self.first, second or self.second
         if v1 == v2:
             return f"`{v1}`: `{c1}` - `{c2}`"
-        return f"`{v1}` - `{v2}`"
+        if c1 == c2:
+            return f"`{v1}` - `{v2}` in `{c1}`"
+        return f"`{v1}`.`{c1}` - `{v2}`.`{c2}`"
+
+    def family_key(self) -> str:
+        return self.family or self.claim
 
 
 ACC = "final_sampled_accuracy"
+REGISTERED_SEEDS = (1, 2, 3, 4, 5)  # every claim below was registered before its 5-seed sweep
 CLAIMS: tuple[Claim, ...] = (
-    Claim("Clamping the per-token KL estimate at zero biases the measured KL upward.",
-          "AlpacaFarm's PPO; the course", "kl_clip_at_zero", ("clip", "kl"), ("clip", "kl_k1"), +1,
-          "logged KL minus true (k1) KL, nats"),
+    # This replaces "the clamp biases the measured KL upward": clamped KL minus k1 of one run
+    # is a mean of max(-k1, 0) >= 0, positive by construction. Whether the clamp changes the
+    # KL the policy incurs can fail; the exact KL over the vocabulary measures it noise-free.
+    Claim("Clamping the per-token KL estimate at zero overstates the penalty, so the clamped run stays closer to "
+          "the reference.", "AlpacaFarm's PPO; the course", "kl_clip_at_zero", ("clip", "kl_full"),
+          ("no_clip", "kl_full"), -1, "exact KL to the reference over the vocabulary, nats", REGISTERED_SEEDS),
     Claim("Without the clamp the run blows up (the policy chases negative KL estimates).",
           "AlpacaFarm's PPO; the course", "kl_clip_at_zero", ("no_clip", "kl_k1"), ("clip", "kl_k1"), +1,
-          "true (k1) KL, nats"),
+          "true (k1) KL, nats", REGISTERED_SEEDS),
     Claim("GAE with gamma = lambda = 1 (a bandit: advantage = final reward-to-go minus value) works as well as "
           "the usual discounting.", "AlpacaFarm's PPO; the course", "gamma_lambda", ("g099_l095", ACC),
-          ("g1_l1", ACC), 0, "held-out sampled accuracy"),
+          ("g1_l1", ACC), 0, "held-out sampled accuracy", REGISTERED_SEEDS),
     Claim("Dividing by the group std upweights prompts the model almost always solves (the easiest level).",
-          "Dr. GRPO", "grpo_std_norm", ("std", "adv_share_level0:all"), ("no_std", "adv_share_level0:all"), +1,
-          "share of the absolute advantage on level 0, mean over the run"),
+          "Dr. GRPO", "grpo_std_norm", ("std", "adv_share_level0"), ("no_std", "adv_share_level0"), +1,
+          "share of the absolute advantage on level 0, last 10% of steps", REGISTERED_SEEDS, family="std division",
+          amendments=(Amendment(("std", "adv_share_level0:all"), ("no_std", "adv_share_level0:all"),
+                                tuple(range(1, 11)), "quantity changed to the whole-run mean after the claims table "
+                                "was made (de82996); seeds 6-10 added after the 5-seed verdict (37eb660)"),)),
     Claim("... and prompts it almost never solves (the hardest level).", "Dr. GRPO", "grpo_std_norm",
-          ("std", "adv_share_level3:all"), ("no_std", "adv_share_level3:all"), +1,
-          "share of the absolute advantage on level 3, mean over the run"),
+          ("std", "adv_share_level3"), ("no_std", "adv_share_level3"), +1,
+          "share of the absolute advantage on level 3, last 10% of steps", REGISTERED_SEEDS, family="std division",
+          amendments=(Amendment(("std", "adv_share_level3:all"), ("no_std", "adv_share_level3:all"),
+                                tuple(range(1, 11)), "quantity changed to the whole-run mean after the claims table "
+                                "was made (de82996); seeds 6-10 added after the 5-seed verdict (37eb660)"),)),
     Claim("GRPO's per-sequence length normalisation makes wrong answers longer than a constant normaliser "
           "(Dr. GRPO) does.", "Dr. GRPO", "length_norm", ("per_sequence", "response_length_incorrect"),
-          ("constant", "response_length_incorrect"), +1, "length of incorrect responses, tokens"),
+          ("constant", "response_length_incorrect"), +1, "length of incorrect responses, tokens", REGISTERED_SEEDS),
     Claim("Difficulty filtering helps: train only on groups some but not all samples solved (resampled, as "
           "DAPO's dynamic sampling).", "Kimi k1.5; DAPO", "difficulty_filter", ("resample", ACC), ("off", ACC), +1,
-          "held-out sampled accuracy"),
+          "held-out sampled accuracy", REGISTERED_SEEDS, family="difficulty filtering"),
     Claim("... (filtered groups dropped, the loss renormalised over the rest).", "Kimi k1.5", "difficulty_filter",
-          ("renormalize", ACC), ("off", ACC), +1, "held-out sampled accuracy"),
+          ("renormalize", ACC), ("off", ACC), +1, "held-out sampled accuracy", REGISTERED_SEEDS,
+          family="difficulty filtering"),
     Claim("Kimi's in-group length reward shortens correct answers ...", "Kimi k1.5", "kimi_length_reward",
           ("on", "response_length_correct"), ("off", "response_length_correct"), -1,
-          "length of correct responses, tokens"),
+          "length of correct responses, tokens", REGISTERED_SEEDS, family="kimi length reward"),
     Claim("... without costing accuracy.", "Kimi k1.5", "kimi_length_reward", ("on", ACC), ("off", ACC), 0,
-          "held-out sampled accuracy"),
+          "held-out sampled accuracy", REGISTERED_SEEDS, family="kimi length reward"),
     Claim("Optimising a proxy reward model with little KL penalty lowers the true (gold) reward: "
           "over-optimisation.", "AlpacaFarm; the course", "alpacafarm_overoptimization",
-          ("kl_0.0", "metric_value"), ("kl_0.2", "metric_value"), -1, "gold reward at the end (beta 0 vs 0.2)"),
+          ("kl_0.0", "metric_value"), ("kl_0.2", "metric_value"), -1, "gold reward at the end (beta 0 vs 0.2)",
+          REGISTERED_SEEDS),
     Claim("GRPO needs no value model: it learns as well as PPO at equal samples and optimizer steps.",
           "DeepSeekMath; the course", "ppo_vs_grpo", ("grpo", ACC), ("ppo_1_step", ACC), 0,
-          "held-out sampled accuracy"),
+          "held-out sampled accuracy", REGISTERED_SEEDS),
     Claim("Dr. GRPO ends close to RLOO (mean-centred advantage, constant normaliser).", "Dr. GRPO; the course",
-          "ppo_vs_grpo", ("dr_grpo", ACC), ("rloo", ACC), 0, "held-out sampled accuracy"),
+          "ppo_vs_grpo", ("dr_grpo", ACC), ("rloo", ACC), 0, "held-out sampled accuracy", REGISTERED_SEEDS),
 )
 
 
@@ -137,31 +193,128 @@ def _parse_number(text: str | None) -> float:
     return float(text)
 
 
-def _values(rows: Sequence[dict], ablation: str, variant: str, column: str) -> dict[int, float]:
+def _values(rows: Sequence[dict], ablation: str, variant: str, column: str,
+            seeds: Sequence[int] | None = None) -> dict[int, float]:
     return {r["seed"]: _as_float(r.get(column)) for r in rows
-            if r["ablation"] == ablation and r["variant"] == variant and r["status"] == "ok"}
+            if r["ablation"] == ablation and r["variant"] == variant and r["status"] == "ok"
+            and (seeds is None or r["seed"] in seeds)}
 
 
 # ==========================================================================================
 # Verdicts
 # ==========================================================================================
+ALPHA = 0.05
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values: sorted ascending, the i-th (from 0) of m becomes
+    max over j <= i of min(1, (m - j) * p_j). NaN (an untestable part) stays NaN and does not
+    count in m. Worked example: [0.01, 0.04, 0.03] -> sorted 0.01, 0.03, 0.04 ->
+    0.03, 0.06, 0.06 -> [0.03, 0.06, 0.06]."""
+    order = sorted((i for i, p in enumerate(p_values) if math.isfinite(p)), key=lambda i: p_values[i])
+    adjusted = [float("nan")] * len(p_values)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (len(order) - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def _one_sided_p(t: float, df: int, upper: bool) -> float:
+    """P(T >= t) if `upper` else P(T <= t)."""
+    two_sided = t_two_sided_p(t, df)
+    beyond = two_sided / 2  # mass beyond |t| on one side
+    return beyond if (t > 0) == upper else 1 - beyond
+
+
+def tost_p(stats: dict, margin: float) -> float:
+    """The equivalence test's p-value: the larger of the one-sided p-values of
+    "difference <= -margin" and "difference >= +margin" (two one-sided t tests)."""
+    n, mean, sd = stats["n"], stats["mean"], stats["sd"]
+    se = sd / math.sqrt(n)
+    return max(_one_sided_p((mean + margin) / se, n - 1, upper=True),
+               _one_sided_p((mean - margin) / se, n - 1, upper=False))
+
+
+def _test(claim: Claim, rows: Sequence[dict], first, second, seeds) -> dict:
+    """The paired difference ``first - second`` over `seeds` and the p-value of the test the
+    claim's verdict rests on (TOST for a claim of no difference with a margin)."""
+    stats = paired_difference(_values(rows, claim.ablation, *second, seeds),
+                              _values(rows, claim.ablation, *first, seeds))  # variant - base = first - second
+    stats["logged"] = all(any(r["ablation"] == claim.ablation and r["variant"] == variant and r["status"] == "ok"
+                              and math.isfinite(_as_float(r.get(column))) for r in rows)
+                          for variant, column in (first, second))
+    stats["in_sweep"] = any(r["ablation"] == claim.ablation for r in rows)
+    testable = stats["n"] > 0 and not stats["too_few"] and not stats["zero_spread"]
+    primary = stats["p"]
+    if testable and claim.direction == 0 and claim.margin is not None:
+        primary = tost_p(stats, claim.margin)
+    return {**stats, "primary_p": primary if testable else float("nan")}
+
+
+def _family_verdicts(claims: Sequence[Claim], tests: Sequence[dict]) -> list[dict]:
+    """Holm over each family's primary p-values, then every claim's verdict."""
+    families: dict[str, list[int]] = {}
+    for i, claim in enumerate(claims):
+        families.setdefault(claim.family_key(), []).append(i)
+    results = [dict(test) for test in tests]
+    for members in families.values():
+        adjusted = holm([tests[i]["primary_p"] for i in members])
+        tested = sum(math.isfinite(tests[i]["primary_p"]) for i in members)
+        for i, p_adj in zip(members, adjusted):
+            results[i].update(p_holm=p_adj, family_size=tested)
+            results[i]["verdict"] = claim_verdict(claims[i].direction, results[i], _style(claims[i].first[1]),
+                                                  margin=claims[i].margin)
+    return results
+
+
+def evaluate_claims(rows: Sequence[dict], claims: Sequence[Claim] = CLAIMS) -> list[dict]:
+    """Each claim's registered test with its verdict and, when amended, ``amended``: the
+    amended test (Holm over the family's amended parts), post hoc."""
+    registered = _family_verdicts(claims, [_test(c, rows, c.first, c.second, c.seeds) for c in claims])
+    latest = [c.amendments[-1] if c.amendments else None for c in claims]
+    amended = _family_verdicts(claims, [_test(c, rows, a.first, a.second, a.seeds) if a else
+                                        _test(c, rows, c.first, c.second, c.seeds) for c, a in zip(claims, latest)])
+    for result, later, amendment, claim in zip(registered, amended, latest, claims):
+        in_data = {r["seed"] for r in rows if r["ablation"] == claim.ablation and r["status"] == "ok"}
+        result["unregistered_seeds"] = sorted(in_data - set(claim.seeds))
+        result["missing_seeds"] = sorted(set(claim.seeds) - set(result["seeds"])) if result["n"] else []
+        if amendment is not None:
+            result["amended"] = later
+    return registered
+
+
 def evaluate_claim(claim: Claim, rows: Sequence[dict]) -> dict:
-    """The paired difference ``first - second`` and its verdict (see the module docstring)."""
-    first = _values(rows, claim.ablation, *claim.first)
-    second = _values(rows, claim.ablation, *claim.second)
-    stats = paired_difference(second, first)  # variant - base = first - second
-    return {**stats, "verdict": claim_verdict(claim.direction, stats)}
+    """One claim's registered test on its own (a family of one)."""
+    return evaluate_claims(rows, [claim])[0]
 
 
-def claim_verdict(direction: int, stats: dict, style: str = "g") -> str:
-    """reproduced / contradicted / not detected / consistent, from the paired interval alone."""
+def claim_verdict(direction: int, stats: dict, style: str = "g", margin: float | None = None) -> str:
+    """reproduced / contradicted / not detected / consistent, from the paired test alone
+    (``p_holm`` when a family's correction was applied, else ``p``)."""
     n = stats["n"]
-    if n < 2:
-        return "not tested: not in this sweep" if n == 0 else "not tested: fewer than 2 paired seeds"
-    detectable = f"detectable about {_fmt(stats['detectable'], style)}"
+    if n == 0:
+        if stats.get("in_sweep") and not stats.get("logged", True):
+            return "not tested: the registered quantity is not logged in this sweep"
+        return "not tested: not in this sweep"
+    if stats.get("too_few", n < MIN_PAIRS):
+        return f"too few seeds ({n} pair{'s' if n != 1 else ''}; a verdict needs {MIN_PAIRS})"
+    if stats.get("zero_spread"):
+        return "no verdict: zero spread (every pair differs by the same amount)"
+    p = stats.get("p_holm", stats.get("primary_p", stats["p"]))
+    detectable = f"smallest detectable {_fmt(stats['detectable'], style)}"
     if direction == 0:
-        return "contradicted" if stats["separated"] else f"consistent: no difference detected at {n} seeds ({detectable})"
-    if not stats["separated"]:
+        if margin is not None:
+            if p < ALPHA:
+                return f"consistent: within the registered margin ±{_fmt(margin, style)}"
+            size = max(1, stats.get("family_size", 1))
+            if stats["p"] * size < ALPHA:
+                return "contradicted"
+            return f"not detected at {n} seeds ({detectable}); equivalence within ±{_fmt(margin, style)} not shown"
+        if p < ALPHA:
+            return "contradicted"
+        return f"not detected at {n} seeds ({detectable}; no equivalence margin registered)"
+    if not p < ALPHA:
         return f"not detected at {n} seeds ({detectable})"
     return "reproduced" if math.copysign(1, stats["mean"]) == direction else "contradicted"
 
@@ -173,7 +326,7 @@ def _style(column: str) -> str:
 def _difference(stats: dict, style: str) -> str:
     if stats["n"] == 0:
         return "n/a"
-    interval = "n/a" if stats["n"] < 2 else _fmt(stats["ci"], style)
+    interval = "n/a" if stats["n"] < 2 else _fmt(stats["ci"], style)  # shown; the verdict says if it counts
     return f"{_fmt(stats['mean'], 'signed' if style == 'acc' else 'g')} ± {interval}"
 
 
@@ -182,16 +335,62 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
+def _seed_list(seeds: Sequence[int]) -> str:
+    """1, 2, 3, 5 -> "1-3, 5"."""
+    runs: list[list[int]] = []
+    for seed in sorted(seeds):
+        if runs and seed == runs[-1][-1] + 1:
+            runs[-1].append(seed)
+        else:
+            runs.append([seed])
+    return ", ".join(f"{r[0]}-{r[-1]}" if len(r) > 2 else ", ".join(map(str, r)) for r in runs)
+
+
+def _p_cell(result: dict) -> str:
+    if not math.isfinite(result.get("primary_p", float("nan"))):
+        return "n/a"
+    text = f"{result['primary_p']:.3g}"
+    if result.get("family_size", 1) > 1:
+        text += f" (Holm over {result['family_size']}: {result['p_holm']:.3g})"
+    return text
+
+
+def _changes_cell(claim: Claim, result: dict, style: str) -> str:
+    """What changed after registration, and what the amended test gives (post hoc)."""
+    notes = []
+    for amendment in claim.amendments:
+        notes.append(f"changed after registration: {amendment.why}")
+    if claim.amendments:
+        later, amendment = result["amended"], claim.amendments[-1]
+        notes.append(f"amended test (post hoc): {claim.comparison(amendment.first, amendment.second)}, seeds "
+                     f"{_seed_list(amendment.seeds)}: {_difference(later, style)}, {later['verdict']}")
+    unregistered = [s for s in result["unregistered_seeds"]
+                    if not any(s in a.seeds for a in claim.amendments)]
+    if unregistered:
+        notes.append(f"seeds {_seed_list(unregistered)} in the data, not registered: left out")
+    if result["missing_seeds"]:
+        notes.append(f"registered seeds {_seed_list(result['missing_seeds'])} missing from the data")
+    return "; ".join(notes) or "as registered"
+
+
 def claims_table(rows: Sequence[dict], claims: Sequence[Claim] = CLAIMS) -> str:
-    """The lecture-claims markdown table."""
-    lines = ["| claim (source) | ablation: comparison | quantity | difference (mean ± 95% CI, paired) | seeds | verdict |",
-             "|---|---|---|---|---|---|"]
-    for claim in claims:
-        result = evaluate_claim(claim, rows)
+    """The lecture-claims markdown table: each claim's registered test (quantity, direction,
+    seeds), its paired difference, p-value (Holm-adjusted within a several-part claim),
+    verdict, and anything changed after registration."""
+    lines = ["| claim (source) | ablation: registered comparison | quantity | direction | registered seeds | "
+             "difference (mean ± 95% CI, paired) | p (paired t; TOST with a margin) | verdict | "
+             "changed after registration |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    directions = {1: "first larger", -1: "first smaller", 0: "no difference"}
+    for claim, result in zip(claims, evaluate_claims(rows, claims)):
         style = _style(claim.first[1])
+        direction = directions[claim.direction]
+        if claim.margin is not None:
+            direction += f" (margin ±{_fmt(claim.margin, style)})"
         lines.append(f"| {_cell(claim.claim)} ({_cell(claim.source)}) | `{claim.ablation}`: {claim.comparison()} | "
-                     f"{_cell(claim.quantity)} | {_difference(result, style)} | {result['n']} | "
-                     f"{claim_verdict(claim.direction, result, style)} |")
+                     f"{_cell(claim.quantity)} | {direction} | {_seed_list(claim.seeds)} ({result['n']} pairs) | "
+                     f"{_difference(result, style)} | {_p_cell(result)} | {result['verdict']} | "
+                     f"{_cell(_changes_cell(claim, result, style))} |")
     return "\n".join(lines)
 
 

@@ -88,8 +88,10 @@ register(
 register(
     "kl_clip_at_zero",
     "Does clamping the per-token KL at zero (AlpacaFarm) change the KL actually incurred?",
-    [Variant("clip", PPO, {"kl_clip_at_zero": True}), Variant("no_clip", PPO, {"kl_clip_at_zero": False})],
-    metric="kl", extra_metrics=("kl_k1", "accuracy"),
+    # log_full_kl: the exact KL over the vocabulary, which the clamp cannot bias (the claims' test).
+    [Variant("clip", PPO, {"kl_clip_at_zero": True, "log_full_kl": True}),
+     Variant("no_clip", PPO, {"kl_clip_at_zero": False, "log_full_kl": True})],
+    metric="kl", extra_metrics=("kl_k1", "kl_full", "accuracy"),
 )
 register(
     "gamma_lambda",

@@ -148,7 +148,7 @@ register(
 _KL_IN_LOSS = {"kl_placement": "loss", "kl_clip_at_zero": False, "log_full_kl": True}
 register(
     "kl_gradient_grpo",
-    "GRPO's KL in the loss: k3 follows the reverse KL's gradient; does an estimator with the right gradient "
+    "GRPO's KL in the loss: k3 follows the gradient of the forward KL(ref || pi); does an estimator with the right gradient "
     "(k2, k3 weighted by pi/pi_old, straight-through k3+, the exact full KL) hold the true KL (kl_full) lower "
     "at equal accuracy? k1 in the reward beside them.",
     [Variant("k3", GRPO, {**_KL_IN_LOSS, "kl_estimator": "k3"}),

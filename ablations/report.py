@@ -29,6 +29,7 @@ from .report_tables import _ablation_table, _by_ablation, _paired_table, format_
 from .run_results import (DEFAULT_METRIC, RUN_COLUMNS, SEED_DIR, TAIL_COLUMNS, TAIL_FRACTION_DENOMINATOR,
                           TEXT_COLUMNS, WHOLE_RUN_SUFFIX, AblationSpec, ablation_spec, collect_runs, read_metrics,
                           run_mean, series, tail_mean)
+from .stats import MIN_PAIRS
 from .variant_comparison import PAIRED_COLUMNS, base_variant, paired_differences, summarise
 
 # Rows that differ in these were made by different code or from a different start.
@@ -149,7 +150,10 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None, allow
         "",
         "Conclusions rest on the **paired** tables: variants share seeds, so each variant's difference "
         "from the ablation's base variant is taken seed by seed, and a difference is *separated* only "
-        "when its 95% interval excludes 0 (`paired.csv` has every number). The unpaired intervals above "
+        f"when its 95% interval excludes 0 (`paired.csv` has every number). A verdict needs at least {MIN_PAIRS} "
+        "seed pairs (2 pairs estimate the spread from one degree of freedom: two equal differences give "
+        "a ± 0 interval) and differences that are not all equal; otherwise it reads *too few seeds* or "
+        "*zero spread*. The unpaired intervals above "
         "overlap far more often, because they carry the seed-to-seed spread both variants share.",
     ]
     if not rows:

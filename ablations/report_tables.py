@@ -8,17 +8,25 @@ from typing import Sequence
 import numpy as np
 
 from .run_results import collect_runs
+from .stats import MIN_PAIRS
 from .variant_comparison import paired_differences, summarise
 
 
 def verdict(entry: dict, style: str = "g") -> str:
-    """The verdict cell: computed from the interval, never written by hand."""
-    if entry["n"] < 2:
-        return "n/a (fewer than 2 paired seeds)"
+    """The verdict cell: computed from the interval, never written by hand. Fewer than
+    `ablations.stats.MIN_PAIRS` pairs, or differences with no spread, get no verdict (see
+    `ablations.stats`): a zero-width interval says nothing about the noise."""
+    if entry["n"] == 0:
+        return "n/a (no paired seeds)"
+    if entry["zero_spread"] and entry["mean"] == 0:
+        return "identical in every pair"
+    if entry["too_few"]:
+        return f"too few seeds ({entry['n']} pair{'s' if entry['n'] != 1 else ''}; a verdict needs {MIN_PAIRS})"
+    if entry["zero_spread"]:
+        shift = _fmt(entry["mean"], "signed" if style == "acc" else style)
+        return f"no verdict: zero spread (every pair differs by {shift})"
     if entry["separated"]:
         return "separated"
-    if entry["mean"] == 0 and entry["sd"] == 0:
-        return "identical in every pair"
     return f"no difference detected at n={entry['n']} (detectable about {_fmt(entry['detectable'], style)})"
 
 
@@ -79,8 +87,10 @@ def _paired_table(pairs: Sequence[dict], metric: str, columns: Sequence[str] | N
         return ""
     names = {"metric_value": f"`{metric}`"}
     lines = [f"Paired by seed against `{pairs[0]['base']}`: variant minus base, mean ± 95% interval of the "
-             "per-seed differences. *separated* means the interval excludes 0; otherwise the smallest "
-             "difference these seeds would detect (80% power) is given.", "",
+             f"per-seed differences. *separated* means the interval excludes 0; otherwise the smallest "
+             f"difference these seeds would detect (80% power) is given. Below {MIN_PAIRS} pairs, or when "
+             "every pair differs by the same amount, there is no verdict: the interval then reflects too "
+             "little data to show its own noise.", "",
              "| variant | quantity | difference (mean ± 95% CI) | pairs | verdict |", "|---|---|---|---|---|"]
     for p in pairs:
         style = "acc" if p["column"].endswith("accuracy") or (p["column"] == "metric_value"

@@ -121,6 +121,15 @@ def format_summary(table: dict) -> str:
     return "\n".join(lines + format_quality(table))
 
 
+def _separated(d: dict) -> str:
+    """yes / no, or why there is no verdict (`ablations.stats.MIN_PAIRS`, zero spread)."""
+    if d["too_few"]:
+        return "too few pairs"
+    if d["zero_spread"]:
+        return "zero spread"
+    return "yes" if d["separated"] else "no"
+
+
 def format_quality(table: dict) -> list[str]:
     """The lines of the quality table (after a blank line) for a `summarize` or `pool` table's
     ``quality`` entries; none when no pair evaluated."""
@@ -129,13 +138,13 @@ def format_quality(table: dict) -> list[str]:
     if not rows:
         return []
     lines = ["", "| work | held-out accuracy after | TRL / project (means) | project - TRL, paired by seed "
-             "(95% interval) | pairs | the interval excludes 0 | smallest gap these pairs detect |",
+             "(95% interval) | pairs | separated (the interval excludes 0, 3+ pairs) | smallest gap these pairs detect |",
              "|---|---|---|---|---|---|---|"]
     for kind, label, d in rows:
         detectable = f"{d['detectable']:.3f}" if math.isfinite(d["detectable"]) else "-"  # none from one pair
         lines.append(f"| {kind} | {label} | {d['trl_mean']:.3f} / {d['project_mean']:.3f} | "
                      f"{_mean_and_interval(d, signed=True)} | {d['n']} | "
-                     f"{'yes' if d['separated'] else 'no'} | {detectable} |")
+                     f"{_separated(d)} | {detectable} |")
     return lines
 
 

@@ -243,7 +243,9 @@ def rft_estimator(*, token_rewards, response_mask, rft_min_score=1.0, **kwargs):
     As an advantage it is 1 on every token of a kept response and 0 elsewhere. With one
     update per batch the ratio is 1 and the policy loss's gradient is
     ``-sum(kept tokens) grad log p / normaliser``: the SFT cross-entropy gradient on the
-    kept samples. Nothing pushes down the rejected ones (no negative advantage) and there
+    kept samples, weighted as the loss aggregation weighs them, plus any KL or entropy term
+    of the loss (the `rft_vs_grpo` arm keeps GRPO's; docs/derivations.md, section 2, says
+    when it is exactly SFT). Nothing pushes down the rejected ones (no negative advantage) and there
     is no baseline, which is the difference from GRPO this estimator lets one measure.
     Under ``loss_agg="token_mean"`` the normaliser counts all response tokens of the batch,
     rejected ones too, so a batch with fewer kept samples takes a proportionally smaller

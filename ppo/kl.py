@@ -20,7 +20,8 @@ Implementation details that live here:
   - ``"k1+"`` / ``"k3+"``: straight-through: the value of k1 / k3, the gradient of k2 (verl
     `kl_penalty`, verl/trainer/ppo/core_algos.py). In the loss, k2's gradient
     ``log_ratio * grad(logp)`` has the expectation of the true KL gradient under samples from
-    pi; k1's has expectation 0 and k3's is the gradient of the *reverse* KL(ref || pi).
+    pi; k1's has expectation 0 and k3's is the gradient of KL(ref || pi), the forward KL (the
+    reverse KL is the KL(pi || ref) its value estimates).
   - ``"full"`` (`full_kl`): the exact KL(pi || ref) over the whole vocabulary at each
     position, from both models' full log-softmax: no sampling noise at all, but it needs
     ``[B, T, V]`` log-probs of both models (cheap at the testbed's vocabulary, ~0.6 GB per

@@ -261,8 +261,45 @@ def test_paired_difference_matches_hand_computation():
     # seeds missing on one side or non-finite are left out of the pairing
     pair = stats.paired_difference({0: 1.0, 1: 2.0, 2: float("nan"), 5: 3.0}, {0: 1.5, 1: 2.5, 2: 9.0})
     assert pair["seeds"] == [0, 1] and pair["n"] == 2 and pair["mean"] == pytest.approx(0.5)
-    assert pair["sd"] == 0 and pair["separated"]  # a constant shift is separated
+    assert pair["sd"] == 0 and pair["too_few"] and pair["zero_spread"] and not pair["separated"]
     assert stats.t_quantile_80(40) == pytest.approx(0.851, abs=2e-3)
+
+
+def test_two_equal_difference_pairs_are_too_few_seeds_not_separated():
+    """The 3-step sweep's case: +0.016 on both seeds gave a ± 0.000 interval and "separated".
+    Differences 0.671 - 0.655 and 0.687 - 0.671 are equal up to rounding."""
+    pair = stats.paired_difference({1: 0.655, 2: 0.671}, {1: 0.671, 2: 0.687})
+    assert pair["mean"] == pytest.approx(0.016) and pair["ci"] == pytest.approx(0, abs=1e-12)
+    assert pair["too_few"] and pair["zero_spread"] and not pair["separated"]
+    assert math.isnan(pair["detectable"]) and math.isnan(pair["p"])
+    assert report.verdict(pair, "acc") == "too few seeds (2 pairs; a verdict needs 3)"
+    # two unequal pairs that would exclude 0: [+0.10, +0.11] -> mean 0.105, ci 12.706 * 0.00707 / sqrt(2)
+    # = 0.0635 < 0.105, still too few
+    pair = stats.paired_difference({1: 0.5, 2: 0.5}, {1: 0.6, 2: 0.61})
+    assert pair["ci"] == pytest.approx(12.706 * 0.01 / math.sqrt(2) / math.sqrt(2), abs=1e-4)
+    assert abs(pair["mean"]) > pair["ci"] and not pair["separated"]
+    assert report.verdict(pair).startswith("too few seeds")
+
+
+def test_zero_spread_gets_no_verdict_and_identical_pairs_say_so():
+    pair = stats.paired_difference({1: 0.5, 2: 0.6, 3: 0.7}, {1: 0.55, 2: 0.65, 3: 0.75})
+    assert pair["zero_spread"] and not pair["too_few"] and not pair["separated"]
+    assert report.verdict(pair, "acc") == "no verdict: zero spread (every pair differs by +0.050)"
+    same = stats.paired_difference({1: 0.5, 2: 0.6}, {1: 0.5, 2: 0.6})
+    assert report.verdict(same) == "identical in every pair"
+    # three pairs with spread: a verdict, and its p-value is the t test's
+    # differences [0.2, 0.2, 0.1]: mean 0.1667, se 0.05774 / sqrt(3) = 0.03333, t = 5.0, df 2:
+    # p = 1 - t / sqrt(t^2 + 2) = 1 - 5 / sqrt(27) = 0.03775
+    pair = stats.paired_difference({1: 0.5, 2: 0.6, 3: 0.8}, {1: 0.7, 2: 0.8, 3: 0.9})
+    assert pair["separated"] and report.verdict(pair) == "separated"
+    assert pair["p"] == pytest.approx(1 - 5 / math.sqrt(27), abs=1e-4)
+
+
+@pytest.mark.parametrize("df", range(1, 10))
+def test_t_p_value_closed_form_matches_the_quantile_table(df):
+    assert stats.t_two_sided_p(stats.T_975[df], df) == pytest.approx(0.05, abs=1e-4)
+    assert stats.t_two_sided_p(0.0, df) == pytest.approx(1.0)
+    assert stats.t_two_sided_p(-stats.T_975[df], df) == stats.t_two_sided_p(stats.T_975[df], df)
 
 
 def test_report_prints_paired_differences_and_verdicts(sweep):
@@ -272,11 +309,12 @@ def test_report_prints_paired_differences_and_verdicts(sweep):
     accuracy = pairs["final_sampled_accuracy"]
     assert accuracy["base"] == "alpha" and accuracy["n"] == 3  # the crashed beta/seed3 has no pair
     assert accuracy["ci"] == pytest.approx(0.4303, abs=1e-4) and not accuracy["separated"]
-    # true KL: alpha 0.03, beta 0.04 on every seed -> +0.01 with zero spread: separated
-    assert pairs["kl_k1"]["mean"] == pytest.approx(0.01) and pairs["kl_k1"]["separated"]
+    # true KL: alpha 0.03, beta 0.04 on every seed -> +0.01 with zero spread: no verdict
+    assert pairs["kl_k1"]["mean"] == pytest.approx(0.01) and pairs["kl_k1"]["zero_spread"]
+    assert not pairs["kl_k1"]["separated"]
     text = report.format_table(sweep)
     assert "| beta | final_sampled_accuracy | -0.100 ± 0.430 | 3 | no difference detected at n=3 (detectable about 0.536) |" in text
-    assert "| beta | kl_k1 | 0.01 ± 0 | 3 | separated |" in text
+    assert "| beta | kl_k1 | 0.01 ± 0 | 3 | no verdict: zero spread (every pair differs by 0.01) |" in text
     # every table cell carries an interval, not only accuracy
     assert "0.03 ± " in text and "45 ± " in text
     report.build_report(sweep)

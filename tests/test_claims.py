@@ -33,8 +33,8 @@ ROWS = rows_for("toy", {"base": {"final_sampled_accuracy": [0.5, 0.6, 0.8], "kl"
                                   "kl_k1": [1.0, 1.0, 1.0], "metric_value": [1.5, 1.0, 3.2]}})
 
 
-def claim(direction, first=("other", "final_sampled_accuracy"), second=("base", "final_sampled_accuracy")):
-    return Claim("a claim", "a source", "toy", first, second, direction, "accuracy")
+def claim(direction, first=("other", "final_sampled_accuracy"), second=("base", "final_sampled_accuracy"), **kw):
+    return Claim("a claim", "a source", "toy", first, second, direction, "accuracy", (1, 2, 3), **kw)
 
 
 def test_paired_claim_matches_hand_computation():
@@ -56,9 +56,11 @@ def test_verdict_of_a_separated_difference_depends_on_the_claimed_direction(dire
 def test_a_difference_inside_its_interval_is_not_detected_or_consistent():
     # metric_value: differences [0.5, -1.0, 0.2]: mean -0.1, interval wide
     first, second = ("other", "metric_value"), ("base", "metric_value")
-    assert evaluate_claim(claim(+1, first, second), ROWS)["verdict"].startswith("not detected at 3 seeds (detectable")
-    assert evaluate_claim(claim(0, first, second), ROWS)["verdict"].startswith(
-        "consistent: no difference detected at 3 seeds (detectable about")
+    assert evaluate_claim(claim(+1, first, second), ROWS)["verdict"].startswith(
+        "not detected at 3 seeds (smallest detectable")
+    # a claim of no difference without a registered margin is never "consistent"
+    assert evaluate_claim(claim(0, first, second), ROWS)["verdict"].endswith(
+        "; no equivalence margin registered)")
 
 
 def test_within_variant_claim_pairs_two_columns_of_one_run():
@@ -71,15 +73,20 @@ def test_within_variant_claim_pairs_two_columns_of_one_run():
 
 def test_missing_ablation_or_single_seed_is_not_tested():
     assert claim_verdict(+1, {"n": 0}) == "not tested: not in this sweep"
-    assert evaluate_claim(Claim("c", "s", "absent", ("a", "kl"), ("b", "kl"), 1, "q"), ROWS)["verdict"] == \
+    assert evaluate_claim(Claim("c", "s", "absent", ("a", "kl"), ("b", "kl"), 1, "q", (1,)), ROWS)["verdict"] == \
         "not tested: not in this sweep"
+    assert evaluate_claim(claim(+1, ("other", "kl_full"), ("base", "kl_full")), ROWS)["verdict"] == \
+        "not tested: the registered quantity is not logged in this sweep"
     one_seed = [r for r in ROWS if r["seed"] == 1]
-    assert evaluate_claim(claim(+1), one_seed)["verdict"] == "not tested: fewer than 2 paired seeds"
+    assert evaluate_claim(claim(+1), one_seed)["verdict"] == "too few seeds (1 pair; a verdict needs 3)"
+    two_seeds = [r for r in ROWS if r["seed"] <= 2]  # accuracy +0.2, +0.2: equal differences
+    assert evaluate_claim(claim(+1), two_seeds)["verdict"] == "too few seeds (2 pairs; a verdict needs 3)"
 
 
 def test_failed_runs_never_enter_a_claim():
     failed = [{**r, "status": "failed"} if r["variant"] == "other" and r["seed"] == 3 else r for r in ROWS]
     assert evaluate_claim(claim(+1), failed)["n"] == 2
+    assert evaluate_claim(claim(+1), failed)["missing_seeds"] == [3]
 
 
 def test_glance_table_has_one_line_per_non_base_variant_with_computed_verdicts():
@@ -165,3 +172,93 @@ def test_pairs_block_compares_with_another_variant():
     assert "| base | final_sampled_accuracy | -0.167 ± 0.143 | 3 | separated |" in block
     with pytest.raises(ValueError, match="no variant 'missing'"):
         claims.generated_tables(ROWS, ["pairs:toy:missing"])
+
+
+# ---- pre-registration: seeds, amendments, Holm, equivalence margins --------------------------
+def test_holm_adjustment_matches_hand_computation():
+    # sorted 0.01, 0.03, 0.04 -> 3 * 0.01, max(0.03, 2 * 0.03), max(0.06, 1 * 0.04)
+    assert claims.holm([0.01, 0.04, 0.03]) == pytest.approx([0.03, 0.06, 0.06])
+    assert claims.holm([0.2, float("nan")])[0] == pytest.approx(0.2)  # an untestable part does not count
+
+
+def test_two_parts_of_one_claim_are_holm_corrected():
+    """Accuracy differences [0.2, 0.2, 0.1]: t = 0.1667 / (0.05774 / sqrt(3)) = 5.0 with 2 df,
+    p = 1 - 5 / sqrt(27) = 0.0377: reproduced alone, but two such parts of one claim have
+    Holm-adjusted p 2 * 0.0377 = 0.0755 each: not detected."""
+    alone = evaluate_claim(claim(+1), ROWS)
+    assert alone["p"] == pytest.approx(0.03775, abs=1e-4) and alone["verdict"] == "reproduced"
+    parts = [claim(+1, family="f"), claim(+1, family="f")]
+    results = claims.evaluate_claims(ROWS, parts)
+    for result in results:
+        assert result["p_holm"] == pytest.approx(2 * 0.03775, abs=2e-4) and result["family_size"] == 2
+        assert result["verdict"].startswith("not detected at 3 seeds")
+    assert "(Holm over 2: 0.0755)" in claims.claims_table(ROWS, parts)
+
+
+EQUAL = rows_for("toy", {"base": {"final_sampled_accuracy": [0.50, 0.60, 0.70]},
+                         "other": {"final_sampled_accuracy": [0.51, 0.59, 0.70]}})
+
+
+def test_no_difference_is_consistent_only_inside_a_registered_margin():
+    """Differences [+0.01, -0.01, 0]: mean 0, sd 0.01, se 0.005774, 2 df. Margin 0.05:
+    t = 8.66 on each side, one-sided p = (1 - 8.66 / sqrt(8.66^2 + 2)) / 2 = 0.0065 < 0.05:
+    consistent. Margin 0.01: t = 1.732, one-sided p = (1 - 1.732 / sqrt(5)) / 2 = 0.113: not shown."""
+    wide = evaluate_claim(claim(0, margin=0.05), EQUAL)
+    assert wide["primary_p"] == pytest.approx((1 - 8.6603 / (8.6603 ** 2 + 2) ** 0.5) / 2, abs=1e-4)
+    assert wide["verdict"] == "consistent: within the registered margin ±0.050"
+    narrow = evaluate_claim(claim(0, margin=0.01), EQUAL)
+    assert narrow["primary_p"] == pytest.approx((1 - 3 ** 0.5 / 5 ** 0.5) / 2, abs=1e-4)
+    assert narrow["verdict"].startswith("not detected at 3 seeds") and "±0.010 not shown" in narrow["verdict"]
+    assert evaluate_claim(claim(0), EQUAL)["verdict"].startswith("not detected at 3 seeds")
+    # a separated difference still contradicts a claim of no difference, margin or not
+    assert evaluate_claim(claim(0, margin=0.01), ROWS)["verdict"] == "contradicted"
+    with pytest.raises(ValueError, match="margin"):
+        claim(+1, margin=0.05)
+
+
+def test_the_verdict_uses_registered_seeds_and_shows_amendments():
+    """Data for seeds 1-4; registered 1-3. Seed 4 (accuracy -0.5) is left out and named; the
+    amended test on seeds 1-4 is shown beside the registered verdict, post hoc."""
+    rows = ROWS + [
+        {"ablation": "toy", "variant": "base", "seed": 4, "status": "ok", "final_sampled_accuracy": 0.9},
+        {"ablation": "toy", "variant": "other", "seed": 4, "status": "ok", "final_sampled_accuracy": 0.4}]
+    plain = claim(+1)
+    result = evaluate_claim(plain, rows)
+    assert result["n"] == 3 and result["verdict"] == "reproduced" and result["unregistered_seeds"] == [4]
+    assert "seeds 4 in the data, not registered: left out" in claims.claims_table(rows, [plain])
+    amendment = claims.Amendment(("other", "final_sampled_accuracy"), ("base", "final_sampled_accuracy"),
+                                 (1, 2, 3, 4), "seed 4 added")
+    amended = claim(+1, amendments=(amendment,))
+    row = claims.claims_table(rows, [amended]).splitlines()[2]
+    # differences [0.2, 0.2, 0.1, -0.5]: mean 0, not detected
+    assert "| reproduced | changed after registration: seed 4 added; amended test (post hoc):" in row
+    assert "seeds 1-4: +0.000 ± " in row and row.count("not detected at 4 seeds") == 1
+
+
+def test_every_claim_registers_a_quantity_its_ablation_logs():
+    """The registered columns are ones the ablation's runs write, its variants exist, and
+    at least 3 seeds are registered (a verdict needs 3 pairs)."""
+    from ablations.run_results import RUN_COLUMNS, WHOLE_RUN_SUFFIX, ablation_spec
+
+    for registered in claims.CLAIMS:
+        spec = ablation_spec(registered.ablation)
+        logged = set(RUN_COLUMNS) | set(spec.extra_metrics) | {m + WHOLE_RUN_SUFFIX for m in spec.extra_metrics}
+        tests = [(registered.first, registered.second)] + [(a.first, a.second) for a in registered.amendments]
+        for (v1, c1), (v2, c2) in tests:
+            assert {v1, v2} <= set(spec.variants), registered.claim
+            assert {c1, c2} <= logged, (registered.claim, c1, c2)
+        assert len(registered.seeds) >= 3, registered.claim
+
+
+def test_docs_claims_table_reports_each_registered_quantity():
+    """Row i of docs/results.md's claims table tests CLAIMS[i] on its registered columns and
+    seeds, and says when the registry changed it after registration."""
+    text = (ROOT / "docs" / "results.md").read_text()
+    rows = claims.generated_block(text, "claims").splitlines()[2:]
+    assert len(rows) == len(claims.CLAIMS)
+    for row, registered in zip(rows, claims.CLAIMS):
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        assert cells[1] == f"`{registered.ablation}`: {registered.comparison()}", registered.claim
+        assert cells[2] == registered.quantity.replace("|", "\\|")
+        assert cells[4].startswith(claims._seed_list(registered.seeds) + " ("), registered.claim
+        assert ("changed after registration" in cells[-1]) == bool(registered.amendments), registered.claim

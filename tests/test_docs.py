@@ -144,3 +144,14 @@ def test_testbed_scaling_is_described():
     names = set(TESTBED_SCALE) | {key for adjust in TESTBED_ADJUSTMENTS.values() for key in adjust}
     missing = sorted(name for name in names if f"`{name}`" not in presets)
     assert not missing, f"fields changed by --testbed but not named in the Presets section: {missing}"
+
+
+def test_every_image_under_docs_is_shown_somewhere():
+    """A PNG under docs/ that no markdown page links to is dead weight in every clone. Links
+    resolve relative to their page."""
+    root = DOCS.parent
+    linked = {(page.parent / target).resolve()
+              for page in [root / "README.md", *DOCS.rglob("*.md")]
+              for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", page.read_text())}
+    unlinked = sorted(str(p.relative_to(root)) for p in DOCS.rglob("*.png") if p.resolve() not in linked)
+    assert not unlinked, f"images no markdown page shows: {unlinked}"

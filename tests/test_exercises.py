@@ -54,6 +54,18 @@ def test_the_page_has_the_exercises():
 
 
 @pytest.mark.parametrize("title", sorted(SECTIONS))
+def test_answers_are_folded_below_the_statement(title):
+    """A student sees the statement first: the statement sits outside, and every code block,
+    output and the explanation inside one <details> block that closes the section."""
+    section = SECTIONS[title]
+    opened, closed = section.find("<details>"), section.rfind("</details>")
+    assert section.count("<details>") == 1 and 0 < opened < closed, f"{title}: no single <details> answer block"
+    assert "**Statement.**" in section[:opened], f"{title}: the statement is not above the answer"
+    assert "```" not in section[:opened] and "```" not in section[closed:], f"{title}: code outside the answer"
+    assert "**Explanation.**" in section[opened:closed], f"{title}: the explanation is not inside the answer"
+
+
+@pytest.mark.parametrize("title", sorted(SECTIONS))
 def test_printed_output_matches_the_code(title):
     for code, printed, expected in run_section(SECTIONS[title]):
         assert printed == expected, (f"docs/exercises.md, {title}: the page shows\n{expected}\nbut the code prints\n"

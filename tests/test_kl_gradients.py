@@ -61,7 +61,7 @@ TRUE_GRADIENT = 0.25 * math.log(3.0)  # d/d theta KL(pi || ref) = 0.25 * (log 2 
     ("k1", 0.0),                   # E[grad log pi] = 0: k1 in the loss does nothing on average
     ("k2", TRUE_GRADIENT),         # unbiased
     ("k1+", TRUE_GRADIENT), ("k3+", TRUE_GRADIENT),
-    ("k3", 0.25),                  # the gradient of the reverse KL(ref || pi) = -sum ref * grad log pi
+    ("k3", 0.25),                  # the gradient of the forward KL(ref || pi) = -sum ref * grad log pi
 ])
 def test_expected_gradient_in_the_loss(estimator, expected):
     grad = expected_gradient(lambda lp, lr, a: kl_penalty(lp[a].view(1, 1), lr[a].view(1, 1), estimator))
@@ -220,7 +220,7 @@ def test_the_gradient_study_on_the_pinned_warm_start():
         cosine, error, _ = on[pair]["expected"]
         assert cosine > 0.9999 and error < 1e-4, pair
     assert on["k1|loss"]["expected"][2] < 1e-4  # zero expected gradient
-    assert on["k3|loss"]["expected"][1] > 0.05  # the reverse KL's gradient
+    assert on["k3|loss"]["expected"][1] > 0.05  # the forward KL(ref || pi)'s gradient
     assert off["k3·IS|loss"]["expected"][1] < 1e-4  # still exact off-policy
     assert off["k2|loss"]["expected"][1] > 1e-3  # no longer exact
     assert "`k3·IS` in the loss" in markdown_table(results, 8, 4)

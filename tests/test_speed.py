@@ -96,7 +96,7 @@ def test_quality_after_training_is_differenced_by_seed_with_its_interval():
     assert "| ppo | greedy | 0.600 / 0.500 | -0.100 (-0.530 to +0.330) | 3 | no | 0.536 |" in text
     assert speed.quality_of_pairs(speed.adjacent_pairs(runs, "grpo")) == {}
     # one pair has no interval and no detectable gap: its difference alone
-    assert "| ppo | greedy | 0.500 / 0.300 | -0.200 | 1 | no | - |" in speed.format_summary(speed.summarize(runs[:2]))
+    assert "| ppo | greedy | 0.500 / 0.300 | -0.200 | 1 | too few pairs | - |" in speed.format_summary(speed.summarize(runs[:2]))
     # pooled batches pair inside each batch: TRL's seed 45 at the end of one batch and the
     # project's at the start of the next are not a pair, and pool prints the same table
     first, second = runs[:6] + [run("trl", 45, 0.1, 0.1)], [run("project", 45, 0.9, 0.9)]

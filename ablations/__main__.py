@@ -22,7 +22,6 @@ run as a task on a Ray cluster, ``--backend slurm`` as a Slurm job (`ablations.b
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import importlib
 import sys
 from pathlib import Path
@@ -72,21 +71,6 @@ def _build_and_show_report(sweep_dir: Path, allow_mixed: bool = False) -> int:
     return 0
 
 
-def _select_variants(ablations: list, wanted: list[str] | None) -> list:
-    """`ablations` keeping only the `wanted` variants plus each one's base (first) variant.
-
-    A name no selected ablation has is an error, so a typo does not silently run nothing.
-    """
-    if not wanted:
-        return ablations
-    known = {variant.name for ablation in ablations for variant in ablation.variants}
-    unknown = [name for name in wanted if name not in known]
-    if unknown:
-        raise ValueError(f"--variants: no ablation given has {', '.join(unknown)} (variants: {', '.join(sorted(known))})")
-    return [dataclasses.replace(a, variants=tuple(v for i, v in enumerate(a.variants) if i == 0 or v.name in wanted))
-            for a in ablations]
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     known = _known_ablations()
     names = list(dict.fromkeys(args.names))
@@ -95,7 +79,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(_unknown_names_message(unknown, known), file=sys.stderr)
         return USAGE_ERROR
     try:
-        ablations = _select_variants([known[name] for name in names], args.variants)
+        from .sweep_plan import select_variants
+
+        ablations = select_variants([known[name] for name in names], args.variants)
     except ValueError as error:
         print(f"run: {error}", file=sys.stderr)
         return USAGE_ERROR
@@ -221,11 +207,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "sweep (python -m ablations claims --help)", add_help=False)
     commands.add_parser("estimate", help="a sweep's serial time, projected from a few timed steps of each run "
                         "(python -m ablations estimate --help)", add_help=False)
+    commands.add_parser("reproduce", help="rerun (or find complete) every sweep behind docs/results.md and "
+                        "regenerate its tables (python -m ablations reproduce --help)", add_help=False)
     return parser
 
 
 # Commands with their own parser: main() hands everything after the name to ablations.<name>.main.
-DELEGATED = ("bench", "speed", "claims", "estimate")
+DELEGATED = ("bench", "speed", "claims", "estimate", "reproduce")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -80,7 +80,13 @@ register(
     [Variant("ppo", PPO), Variant("grpo", "grpo"), Variant("dr_grpo", "dr_grpo"), Variant("rloo", "rloo"),
      # AlpacaFarm's PPO takes 2 epochs x 2 minibatches = 4 optimizer steps per batch, the GRPO
      # family 1: this arm takes PPO to 1, so "learns faster" is not just "steps more".
-     Variant("ppo_1_step", PPO, {"ppo_epochs": 1, "num_minibatches": 1})],
+     Variant("ppo_1_step", PPO, {"ppo_epochs": 1, "num_minibatches": 1}),
+     # The clean pairs of the claims (ablations/claims.py): each differs from its partner in the
+     # advantage estimator alone. grpo_critic is the grpo preset with a learned critic and GAE
+     # (its own optimizer, so the policy's update is otherwise GRPO's); dr_grpo_rloo is the
+     # dr_grpo preset with RLOO's leave-one-out baseline (G/(G-1) times Dr. GRPO's advantage).
+     Variant("grpo_critic", "grpo", {"advantage_estimator": "gae"}),
+     Variant("dr_grpo_rloo", "dr_grpo", {"advantage_estimator": "rloo"})],
     metric="accuracy", extra_metrics=("kl_k1", "response_length", "entropy"),
 )
 
@@ -241,6 +247,17 @@ register(
     [Variant("full_sft", GRPO), Variant("weak_sft", GRPO, {"warm_start_steps": WEAK_START_STEPS})],
     metric="accuracy", extra_metrics=("well_formed_rate", "response_length", "kl_k1"),
     steps=20,
+)
+register(
+    "length_norm_room",
+    "length_norm where wrong answers have room to grow: the weak start (less formed answers) and twice the "
+    "response budget. Does GRPO's per-sequence mean lengthen wrong answers against Dr. GRPO's constant?",
+    [Variant("per_sequence", GRPO, {"loss_agg": "seq_mean_token_mean", "warm_start_steps": WEAK_START_STEPS,
+                                    "response_length": 128}),
+     Variant("constant", GRPO, {"loss_agg": "seq_mean_token_sum_norm", "warm_start_steps": WEAK_START_STEPS,
+                                "response_length": 128})],
+    metric="response_length_incorrect",
+    extra_metrics=("response_length_correct", "accuracy", "loss_weight_incorrect_long", "loss_weight_incorrect_short"),
 )
 register(
     "grpo_updates_per_batch",

@@ -9,6 +9,7 @@ identical run). `RunOutcome` and `SweepResult` are what `ablations.runner.run_sw
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -167,3 +168,18 @@ def config_fingerprint(config: PPOConfig, ignored: tuple[str, ...] = REUSE_IGNOR
     for name in ignored:
         values.pop(name, None)
     return json.dumps(values, sort_keys=True, default=str)
+
+
+def select_variants(ablations: list, wanted: "list[str] | None") -> list:
+    """`ablations` keeping only the `wanted` variants plus each one's base (first) variant.
+
+    A name no selected ablation has is an error, so a typo does not silently run nothing.
+    """
+    if not wanted:
+        return ablations
+    known = {variant.name for ablation in ablations for variant in ablation.variants}
+    unknown = [name for name in wanted if name not in known]
+    if unknown:
+        raise ValueError(f"--variants: no ablation given has {', '.join(unknown)} (variants: {', '.join(sorted(known))})")
+    return [dataclasses.replace(a, variants=tuple(v for i, v in enumerate(a.variants) if i == 0 or v.name in wanted))
+            for a in ablations]

@@ -283,3 +283,25 @@ def test_resume_restores_a_refreshed_reference_and_the_adaptive_entropy_coeffici
     for a, b in zip(straight.ref_policy.parameters(), resumed.ref_policy.parameters()):
         assert torch.equal(a, b)
     assert straight.entropy_control.coef == resumed.entropy_control.coef > 0
+
+
+def test_rloo_trains_as_dr_grpo_does_when_adam_cancels_its_constant_scale(tmp_path, tiny_model_dir):
+    """The lecture's identity: RLOO's advantage is Dr. GRPO's times G/(G-1) (gae/group.py), a
+    constant that Adam cancels when nothing else depends on the loss's scale (no KL term, no
+    gradient-norm clip). Three steps of each then end at the same weights, and a different
+    advantage (GRPO's std division, not a constant rescale) does not."""
+    rewards = lambda prompts, responses: [float(len(r) % 3) for r in responses]  # noqa: E731 - varied advantages
+    weights = {}
+    for name, estimator, scale in (("dr_grpo", "dr_grpo", "none"), ("rloo", "rloo", "none"), ("grpo", "grpo", "group")):
+        config = preset("dr_grpo", task="custom", model_path=str(tiny_model_dir), output_dir=str(tmp_path / name),
+                        group_size=4, advantage_estimator=estimator, grpo_scale=scale, max_grad_norm=None, kl_coef=0.0, adam_eps=1e-12,
+                        max_prompt_length=None,
+                        seed=3, **{**TINY, "total_steps": 3, "eval_every": 0})
+        trainer = RLTrainer(config, prompts=["1+1=", "2+3="], reward_fn=rewards)
+        for _ in range(3):
+            trainer.train_step()
+        weights[name] = {k: v.detach().clone() for k, v in trainer.policy.state_dict().items()}
+    moved = max((weights["dr_grpo"][k] - v).abs().max().item() for k, v in weights["grpo"].items())
+    gap = max((weights["dr_grpo"][k] - v).abs().max().item() for k, v in weights["rloo"].items())
+    assert moved > 1e-4  # the std-divided run goes elsewhere: the comparison can fail
+    assert gap < 1e-5 and moved > 100 * gap, (gap, moved)  # float rounding only

@@ -8,9 +8,10 @@
    built and timed for a few steps (`ablations.estimate`, a minute or two in all).
    ``--dry-run`` stops here.
 2. Builds the reward model of ``alpacafarm_overoptimization`` if the cache lacks it
-   (``python -m ppo.rlhf build``), then runs each step of the plan into one sweep directory
-   (`ablations.runner.run_sweep`: complete runs skipped, identical runs copied, failed ones
-   retried on the next call), and builds that directory's report.
+   (``python -m ppo.rlhf build``; before the timing, so its runs are timed too), then runs
+   each step of the plan into one sweep directory (`ablations.runner.run_sweep`: complete
+   runs skipped, identical runs copied, failed ones retried on the next call), and builds
+   that directory's report.
 3. Only when every run is complete: copies the sweep's ``results.csv`` over the committed
    data and rewrites every generated block of docs/results.md from it (``python -m ablations
    claims DATA --update docs/results.md``). A sweep with failures changes no doc.
@@ -108,7 +109,12 @@ def projected_seconds(specs: list, threads: int = 1, timed_steps: int = 2) -> li
     for done, group in enumerate(groups.values(), start=1):
         first = group[0]
         config = sweep_config(first.config.replace(seed=1), threads)
-        estimates.append(time_run(first.ablation, first.variant, config, len(group), timed_steps, startup))
+        try:
+            estimates.append(time_run(first.ablation, first.variant, config, len(group), timed_steps, startup))
+        except Exception as error:  # e.g. the reward model not built yet (--dry-run builds nothing)
+            print(f"  not timed {done}/{len(groups)}: {first.ablation}/{first.variant} ({len(group)} runs, left "
+                  f"out of the projection): {type(error).__name__}: {str(error)[:160]}", flush=True)
+            continue
         print(f"  timed {done}/{len(groups)}: {first.ablation}/{first.variant} "
               f"{estimates[-1].run_seconds:.0f} s per run", flush=True)
     return estimates
@@ -144,6 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.workers < 1 or args.threads < 1:
         parser.error("--workers and --threads must be at least 1")
+    from ppo.rlhf import is_built, reward_model_cache_path
+    from ppo.rlhf import main as build_reward_model
+
+    if not args.dry_run and not is_built(reward_model_cache_path()):
+        build_reward_model(["build"])  # alpacafarm_overoptimization's reward model (cached)
     sweep_dir = Path(args.out)
     specs = planned_specs(sweep_dir.absolute())
     print("Timing each distinct run still to train (a few steps each) ...", flush=True)
@@ -151,17 +162,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return 0
 
-    from ppo.rlhf import is_built, reward_model_cache_path
-    from ppo.rlhf import main as build_reward_model
-
     from . import claims
     from .report import build_report
     from .runner import run_sweep
     from .sweep_plan import select_variants
     from .registry import ABLATIONS
 
-    if not is_built(reward_model_cache_path()):
-        build_reward_model(["build"])
     failed = []
     for step in PLAN:
         print(f"\n$ {step.command(args.out)}", flush=True)

@@ -228,11 +228,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "path":
         print(reward_model_cache_path(config, args.cache_dir))
         return 0
+    if args.out and Path(args.out).exists() and not is_built(args.out):  # never remove what it did not write
+        parser.error(f"--out {args.out}: exists and holds no reward model; give a new directory")
     model_dir = reward_model_dir(config, cache_dir=args.cache_dir, force=args.force)
     if args.out:
         out = Path(args.out)
         if out.exists():
-            shutil.rmtree(out)
+            shutil.rmtree(out)  # an earlier copy of a reward model, replaced
         shutil.copytree(model_dir, out)
         model_dir = out
     from value_model.reward_model import load_reward_model_info

@@ -262,3 +262,39 @@ def test_docs_claims_table_reports_each_registered_quantity():
         assert cells[2] == registered.quantity.replace("|", "\\|")
         assert cells[4].startswith(claims._seed_list(registered.seeds) + " ("), registered.claim
         assert ("changed after registration" in cells[-1]) == bool(registered.amendments), registered.claim
+
+
+def test_reproduce_plan_runs_every_arm_of_every_claim_at_its_seeds(tmp_path):
+    """`python -m ablations reproduce` regenerates every claim: each registered (and amended)
+    arm is a run of its plan at every registered seed, at >= 5 seeds."""
+    from ablations import reproduce
+
+    planned = {(spec.ablation, spec.variant, spec.seed) for spec in reproduce.planned_specs(tmp_path)}
+    for registered in claims.CLAIMS:
+        assert len(registered.seeds) >= 5, registered.claim
+        tests = [(registered.first, registered.second, registered.seeds)]
+        tests += [(a.first, a.second, a.seeds) for a in registered.amendments]
+        for (v1, _), (v2, _), seeds in tests:
+            missing = {(registered.ablation, v, s) for v in (v1, v2) for s in seeds} - planned
+            assert not missing, (registered.claim, sorted(missing))
+
+
+def test_reproduce_dry_run_prints_the_plan_and_a_projection_without_running(tmp_path, capsys, monkeypatch):
+    """--dry-run times each distinct run (here stubbed: the timing itself is ablations.estimate's,
+    tested there) and trains nothing."""
+    from ablations import estimate, reproduce
+
+    timed = []
+
+    def fake_time_run(ablation, variant, config, runs, timed_steps, startup):
+        timed.append((ablation, variant, runs))
+        return estimate.RunEstimate(ablation, variant, config.total_steps, 1.0, 0.5, 2.0, 0.1, 3, 1, 0.0, runs)
+
+    monkeypatch.setattr(estimate, "time_run", fake_time_run)
+    assert reproduce.main(["--dry-run", "--out", str(tmp_path / "sw")]) == 0
+    out = capsys.readouterr().out
+    assert "python -m ablations run length_norm length_norm_room" in out and "Projected:" in out
+    assert not (tmp_path / "sw").exists()
+    # one timing per distinct config: seeds and copies of identical runs are not timed again
+    assert len(timed) == len({(a, v) for a, v, _ in timed})
+    assert sum(runs for _, _, runs in timed) < len(reproduce.planned_specs(tmp_path / "sw"))

@@ -346,3 +346,17 @@ def test_rlhf_build_pipeline_is_cached_and_feeds_the_preference_task(tmp_path):
     task = PreferenceTask(reward_model_path=path)
     metrics = task.extra_eval(policy, tokenizer, list(task.eval_problems()[:4]), max_new_tokens=8, seed=0)
     assert metrics["win_rate_vs_sft"] == 0.5 and math.isfinite(metrics["proxy_reward"])
+
+
+def test_build_out_refuses_a_directory_that_holds_no_reward_model(tmp_path):
+    """`--out` replaces an earlier copy of a reward model, never a directory of anything else
+    (checked before any building)."""
+    from ppo.rlhf import main
+
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / "notes.txt").write_text("keep me")
+    with pytest.raises(SystemExit) as stop:
+        main(["build", "--out", str(out), "--cache-dir", str(tmp_path / "cache")])
+    assert stop.value.code == 2
+    assert (out / "notes.txt").read_text() == "keep me" and not (tmp_path / "cache").exists()

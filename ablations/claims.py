@@ -113,6 +113,7 @@ class Claim:
 
 
 ACC = "final_sampled_accuracy"
+RESULTS_DIR = Path(__file__).resolve().parent.parent / "docs" / "results"  # the committed sweeps
 REGISTERED_SEEDS = (1, 2, 3, 4, 5)  # every claim below was registered before its 5-seed sweep
 CLAIMS: tuple[Claim, ...] = (
     # This replaces "the clamp biases the measured KL upward": clamped KL minus k1 of one run
@@ -462,22 +463,25 @@ def block_names(text: str) -> list[str]:
 
 
 def generated_tables(rows: Sequence[dict], names: Sequence[str]) -> dict[str, str]:
-    """What each named block must hold: ``claims``, ``glance``, ``table:ABLATION`` or
-    ``pairs:ABLATION:VARIANT`` (every other variant paired against VARIANT)."""
+    """What each named block must hold: ``claims``, ``glance``, ``table:ABLATION``,
+    ``pairs:ABLATION:VARIANT`` (every other variant paired against VARIANT), or
+    ``glance:DIR`` (the at-a-glance lines of the sweep committed in docs/results/DIR/)."""
     tables = {}
     for name in names:
         if name == "claims":
             tables[name] = claims_table(rows)
         elif name == "glance":
             tables[name] = glance_table(rows)
+        elif name.startswith("glance:"):  # another committed sweep: docs/results/DIR/results.csv
+            tables[name] = glance_table(read_results(RESULTS_DIR / name.split(":", 1)[1] / "results.csv"))
         elif name.startswith("table:"):
             tables[name] = ablation_tables(rows, name.split(":", 1)[1])
         elif name.startswith("pairs:") and name.count(":") == 2:
             _, ablation, base = name.split(":")
             tables[name] = paired_against(rows, ablation, base)
         else:
-            raise ValueError(f"unknown generated block {name!r} (claims, glance, table:ABLATION or "
-                             "pairs:ABLATION:VARIANT)")
+            raise ValueError(f"unknown generated block {name!r} (claims, glance, table:ABLATION, "
+                             "pairs:ABLATION:VARIANT or glance:DIR)")
     return tables
 
 

@@ -13,8 +13,9 @@
    runs skipped, identical runs copied, failed ones retried on the next call), and builds
    that directory's report.
 3. Only when every run is complete: copies the sweep's ``results.csv`` over the committed
-   data and rewrites every generated block of docs/results.md from it (``python -m ablations
-   claims DATA --update docs/results.md``). A sweep with failures changes no doc.
+   data and its report and plots to docs/results/reruns/, and rewrites every generated
+   block of docs/results.md from it (``python -m ablations claims DATA --update
+   docs/results.md``). A sweep with failures changes no doc.
 
 Every run starts from the pinned warm start and records its provenance (commit, warm start,
 library versions, threads, CPU) in ``results.csv``; the report refuses to pool runs of
@@ -34,6 +35,7 @@ from .tables import markdown_table
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "results" / "data" / "results.csv"
 DOC = ROOT / "docs" / "results.md"
+REPORT_DIR = ROOT / "docs" / "results" / "reruns"  # the sweep's report, linked from docs/results.md
 STEPS = 60  # every run of the plan: 60 steps x 64 samples = 3840 samples
 
 
@@ -137,6 +139,15 @@ def plan_text(specs: list, estimates: list, workers: int, out: str) -> str:
     return "\n".join(lines)
 
 
+def copy_report(sweep_dir: Path, out: Path) -> None:
+    """The sweep's report.md, paired.csv, summary.csv and plots/ into `out` (same names
+    replaced; nothing else there removed). The per-run data is the committed results.csv."""
+    out.mkdir(parents=True, exist_ok=True)
+    for name in ("report.md", "paired.csv", "summary.csv"):
+        shutil.copyfile(sweep_dir / name, out / name)
+    shutil.copytree(sweep_dir / "plots", out / "plots", dirs_exist_ok=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ablations reproduce", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="sweeps/results", help="the sweep directory (default: sweeps/results)")
@@ -145,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the plan and its projected time, run nothing")
     parser.add_argument("--data", default=str(DATA), help="the committed results.csv the tables are made from")
     parser.add_argument("--doc", default=str(DOC), help="the markdown file whose generated blocks are rewritten")
+    parser.add_argument("--report-dir", default=str(REPORT_DIR),
+                        help="where the sweep's report.md, paired.csv, summary.csv and plots/ are copied")
     parser.add_argument("--allow-mixed", action="store_true",
                         help="report runs of different commits or warm starts together (refused by default)")
     args = parser.parse_args(argv)
@@ -182,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     build_report(sweep_dir, allow_mixed=args.allow_mixed)
     shutil.copyfile(sweep_dir / "results.csv", args.data)
-    print(f"\ncopied {sweep_dir / 'results.csv'} -> {args.data}")
+    copy_report(sweep_dir, Path(args.report_dir))
+    print(f"\ncopied {sweep_dir / 'results.csv'} -> {args.data}, its report -> {args.report_dir}")
     return claims.main([args.data, "--update", args.doc])
 
 

@@ -17,7 +17,6 @@ All launches start together (one thread per process); only the resume waits for 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import signal
@@ -31,6 +30,7 @@ import torch
 from safetensors.torch import load_file
 
 from ppo.config import PPOConfig, preset
+from tests.test_data_parallel import assert_metrics_close
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).with_name("sharding_worker.py")
@@ -126,18 +126,6 @@ def runs(tmp_path_factory, tiny_model_dir):
         for process in launches.values():
             process.kill()
     return root
-
-
-def assert_metrics_close(one: dict, two: dict) -> None:
-    assert set(one) == set(two)
-    for key in one:
-        if key.startswith("time_"):
-            continue
-        a, b = one[key], two[key]
-        if isinstance(a, float) and math.isnan(a):
-            assert math.isnan(b), key
-        else:
-            assert b == pytest.approx(a, rel=1e-5, abs=1e-6), key
 
 
 @pytest.mark.parametrize("name", ["gae", "grpo", "lora"])

@@ -43,12 +43,12 @@ from __future__ import annotations
 import argparse
 import csv
 import math
-import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from .doc_blocks import block_names, generated_block, replace_block  # noqa: F401  (used by tests and callers)
 from .report_tables import _ablation_table, _fmt, _paired_table, verdict
 from .run_results import TEXT_COLUMNS, ablation_spec, collect_runs
 from .stats import as_float as _as_float
@@ -457,11 +457,6 @@ def paired_against(rows: Sequence[dict], ablation: str, base: str) -> str:
 # ==========================================================================================
 # Generated blocks in a markdown file
 # ==========================================================================================
-def block_names(text: str) -> list[str]:
-    """The names of every generated block in `text`, in order."""
-    return re.findall(r"<!-- generated:([\w:.-]+) -->", text)
-
-
 def generated_tables(rows: Sequence[dict], names: Sequence[str]) -> dict[str, str]:
     """What each named block must hold: ``claims``, ``glance``, ``table:ABLATION``,
     ``pairs:ABLATION:VARIANT`` (every other variant paired against VARIANT), or
@@ -483,21 +478,6 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str]) -> dict[str, st
             raise ValueError(f"unknown generated block {name!r} (claims, glance, table:ABLATION, "
                              "pairs:ABLATION:VARIANT or glance:DIR)")
     return tables
-
-
-def generated_block(text: str, name: str) -> str:
-    """The text between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``, stripped."""
-    match = re.search(rf"<!-- generated:{name} -->\n(.*?)<!-- /generated:{name} -->", text, re.S)
-    if match is None:
-        raise ValueError(f"no <!-- generated:{name} --> ... <!-- /generated:{name} --> block")
-    return match.group(1).strip()
-
-
-def replace_block(text: str, name: str, content: str) -> str:
-    """`text` with the block `name` (see `generated_block`) holding `content`."""
-    generated_block(text, name)  # raises if the markers are missing
-    return re.sub(rf"(<!-- generated:{name} -->\n).*?(<!-- /generated:{name} -->)",
-                  lambda m: m.group(1) + content.strip() + "\n" + m.group(2), text, flags=re.S)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

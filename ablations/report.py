@@ -32,8 +32,6 @@ from .run_results import (DEFAULT_METRIC, RUN_COLUMNS, SEED_DIR, TAIL_COLUMNS, T
 from .stats import MIN_PAIRS
 from .variant_comparison import PAIRED_COLUMNS, base_variant, paired_differences, summarise
 
-# Rows that differ in these were made by different code or from a different start.
-POOLING_KEYS = ("prov_commit", "prov_warm_start")
 
 
 class MixedProvenanceError(ValueError):
@@ -80,32 +78,44 @@ def _run_list(entries: Sequence[dict], kind: str) -> str | None:
 def pooled_provenance(rows: Sequence[dict], allow_mixed: bool = False) -> str:
     """One line saying what the report pools: commit(s), warm start(s), libraries, threads, CPU.
 
-    Raises `MixedProvenanceError` when the ok runs (those the statistics pool) differ in
-    commit or warm start, listing each combination with its runs, unless `allow_mixed`.
-    Runs that recorded no provenance count as "unrecorded".
+    Raises `MixedProvenanceError`, unless `allow_mixed`, when the ok runs (those the
+    statistics pool) come from more than one commit, or when the runs of one ablation come
+    from more than one warm start (its variants are paired by seed, so they must share their
+    start). Different ablations may start from different warm starts on purpose (e.g.
+    `length_norm_room`'s weak start); the line names each. Runs that recorded no provenance
+    count as "unrecorded".
     """
     ok = [r for r in rows if r["status"] == "ok"]
 
     def values(column: str) -> list[str]:
         return sorted({str(r.get(column, "")) or "unrecorded" for r in ok})
 
+    def recorded(r: dict, column: str) -> str:
+        return str(r.get(column, "")) or "unrecorded"
+
     combos: dict[tuple, list[str]] = {}
     for r in ok:
-        combos.setdefault(tuple(str(r.get(k, "")) or "unrecorded" for k in POOLING_KEYS), []).append(r["path"])
-    if len(combos) > 1 and not allow_mixed:
+        combos.setdefault((recorded(r, "prov_commit"), recorded(r, "prov_warm_start")), []).append(r["path"])
+    starts: dict[str, set] = {}
+    for r in ok:
+        starts.setdefault(r.get("ablation", ""), set()).add(recorded(r, "prov_warm_start"))
+    mixed_starts = sorted(name for name, warm in starts.items() if len(warm) > 1)
+    mixed = len(values("prov_commit")) > 1 or bool(mixed_starts)
+    if mixed and not allow_mixed:
         listed = "; ".join(f"commit {commit[:12]}, warm start {warm}: {len(paths)} runs (e.g. {paths[0]})"
                            for (commit, warm), paths in sorted(combos.items()))
+        within = f" (ablation {', '.join(mixed_starts)} from more than one warm start)" if mixed_starts else ""
         raise MixedProvenanceError(
-            f"the runs to pool come from {len(combos)} different (commit, warm start) combinations: {listed}. "
-            "Rerun the older runs on one commit (delete their directories and run the sweep again), or pass "
-            "--allow-mixed to pool them anyway (the report then says so)")
+            f"the runs to pool come from {len(combos)} different (commit, warm start) combinations{within}: "
+            f"{listed}. Rerun the older runs on one commit (delete their directories and run the sweep again), "
+            "or pass --allow-mixed to pool them anyway (the report then says so)")
     dirty = sum(str(r.get("prov_dirty", "")) == "True" for r in ok)
     line = (f"Pooled {len(ok)} ok runs: commit {', '.join(c[:12] for c in values('prov_commit'))}"
             + (f" ({dirty} with uncommitted changes)" if dirty else "")
             + f"; warm start {', '.join(values('prov_warm_start'))}; torch {', '.join(values('prov_torch'))}, "
             f"transformers {', '.join(values('prov_transformers'))}; threads {', '.join(values('prov_threads'))}; "
             f"CPU {', '.join(values('prov_cpu'))}.")
-    return ("MIXED PROVENANCE (pooled with --allow-mixed). " + line) if len(combos) > 1 else line
+    return ("MIXED PROVENANCE (pooled with --allow-mixed). " + line) if mixed else line
 
 
 def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None, allow_mixed: bool = False) -> Path:

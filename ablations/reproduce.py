@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     from . import claims
-    from .report import build_report
+    from .report import MixedProvenanceError, build_report
     from .runner import run_sweep
     from .sweep_plan import select_variants
     from .registry import ABLATIONS
@@ -193,7 +193,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n{len(failed)} runs failed ({', '.join(failed)}): docs unchanged. Run the same command again "
               f"to retry them.", file=sys.stderr)
         return 1
-    build_report(sweep_dir, allow_mixed=args.allow_mixed)
+    try:
+        build_report(sweep_dir, allow_mixed=args.allow_mixed)
+    except MixedProvenanceError as error:
+        print(f"error: {error}: docs unchanged", file=sys.stderr)
+        return 1
     shutil.copyfile(sweep_dir / "results.csv", args.data)
     copy_report(sweep_dir, Path(args.report_dir))
     print(f"\ncopied {sweep_dir / 'results.csv'} -> {args.data}, its report -> {args.report_dir}")

@@ -298,3 +298,68 @@ def test_reproduce_dry_run_prints_the_plan_and_a_projection_without_running(tmp_
     # one timing per distinct config: seeds and copies of identical runs are not timed again
     assert len(timed) == len({(a, v) for a, v, _ in timed})
     assert sum(runs for _, _, runs in timed) < len(reproduce.planned_specs(tmp_path / "sw"))
+
+
+
+def test_reproduce_after_its_sweeps_reports_copies_and_rewrites_the_doc(tmp_path, capsys, monkeypatch):
+    """The part after the sweeps (here stubbed: run_sweep is tested in test_ablation_runner):
+    a weak-start ablation beside pinned-start ones is reported, not refused; results.csv and
+    the report are copied; the doc's blocks rewritten. Runs of two commits end in one line."""
+    import types
+
+    import ppo.rlhf
+    from ablations import estimate, reproduce, runner
+    from tests.test_reproducibility import _finished_run
+
+    sweep = tmp_path / "sw"
+    for seed in (1, 2, 3):
+        _finished_run(sweep / "length_norm" / "per_sequence" / f"seed{seed}", "a" * 40, "pinned", 0.5)
+        _finished_run(sweep / "length_norm_room" / "per_sequence" / f"seed{seed}", "a" * 40, "weak", 0.3)
+    monkeypatch.setattr(ppo.rlhf, "is_built", lambda path: True)
+    monkeypatch.setattr(estimate, "time_run", lambda ablation, variant, config, runs, *a:
+                        estimate.RunEstimate(ablation, variant, 1, 1.0, 0.5, 2.0, 0.1, 3, 1, 0.0, runs))
+    monkeypatch.setattr(runner, "run_sweep", lambda *a, **k: types.SimpleNamespace(failed=[]))
+    doc = tmp_path / "results.md"
+    doc.write_text("<!-- generated:glance -->\n<!-- /generated:glance -->\n")
+    args = ["--out", str(sweep), "--data", str(tmp_path / "data.csv"), "--doc", str(doc),
+            "--report-dir", str(tmp_path / "reruns")]
+    assert reproduce.main(args) == 0
+    assert (tmp_path / "data.csv").read_text() == (sweep / "results.csv").read_text()
+    assert "warm start pinned, weak" in (tmp_path / "reruns" / "report.md").read_text()
+    assert "updated 1 generated blocks" in capsys.readouterr().out
+    _finished_run(sweep / "length_norm" / "constant" / "seed1", "b" * 40, "pinned", 0.5)
+    assert reproduce.main(args) == 1
+    assert "error: the runs to pool come from" in capsys.readouterr().err
+
+
+# Decimal numbers docs/results.md's prose may state without a generated table behind them:
+# settings and constants (model size, the 0.03 margin and binomial standard error, lambda
+# 0.95 and 1.0, VAPO's alpha and its lambda bound 0.43), and `eos_rate` 1.0 (every response
+# stops), which the details sweep's `identical in every pair` rows follow from.
+PROSE_SETTINGS = {"0.9", "0.03", "0.95", "1.0", "0.05", "0.43"}
+
+
+def _prose_without_generated_content(text):
+    import re
+
+    text = re.sub(r"<!-- generated:(\S+) -->.*?<!-- /generated:\1 -->", "", text, flags=re.S)
+    text = re.sub(r"<!-- kl-gradient-study:begin.*?kl-gradient-study:end -->", "", text, flags=re.S)
+    text = re.sub(r"`[^`]*`", "", text)  # code spans: commands, field names
+    return re.sub(r"\]\([^)]*\)", "]", text)  # link targets
+
+
+def test_docs_results_prose_states_only_generated_numbers():
+    """A reader of docs/results.md finishes it (at most 300 lines), and every measurement its
+    prose states is one a generated table on the page shows, so a rerun cannot leave the prose
+    saying something the data no longer does."""
+    import re
+
+    text = (ROOT / "docs" / "results.md").read_text()
+    assert len(text.splitlines()) <= 300
+    generated = "\n".join(claims.generated_block(text, name) for name in claims.block_names(text))
+    generated += text[text.index("kl-gradient-study:begin"):]
+    prose = _prose_without_generated_content(text)
+    stray = [n for n in re.findall(r"(?<![\w.])[-+]?\d+\.\d+", prose)
+             if n.lstrip("+-") not in PROSE_SETTINGS and n.lstrip("+-") not in generated]
+    assert not stray, f"numbers in docs/results.md's prose that no generated table shows: {stray}"
+    assert "CLAIMS_PROSE" not in text

@@ -131,6 +131,12 @@ def test_the_report_refuses_to_pool_runs_of_different_code_or_warm_starts(tmp_pa
     assert main(["report", str(sweep), "--allow-mixed"]) == 0
     assert "MIXED PROVENANCE (pooled with --allow-mixed)" in capsys.readouterr().out
     assert "MIXED PROVENANCE" in (sweep / "report.md").read_text()
+    # another ablation may start elsewhere on purpose (a weak start): pooled, both starts named
+    shutil.rmtree(sweep / "toy" / "b" / "seed2")
+    _finished_run(sweep / "toy" / "b" / "seed2", "a" * 40, "w1", 0.6)
+    for seed in (1, 2):
+        _finished_run(sweep / "weak" / "a" / f"seed{seed}", "a" * 40, "w2", 0.3)
+    assert "Pooled 6 ok runs: commit aaaaaaaaaaaa; warm start w1, w2;" in build_report(sweep).read_text()
 
 
 def test_the_demo_table_in_the_testbed_page_is_the_recorded_sweep():

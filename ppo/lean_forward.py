@@ -343,7 +343,10 @@ def _rotate_half(x):
 def _llama_hidden(backbone, input_ids, position_ids, bias, cache, keep_from=0, packing=None):
     """Llama's layers, with `packing` as in `_gpt2_hidden`."""
     x = _embed(backbone.embed_tokens, input_ids)
-    cos, sin = backbone.rotary_emb(x, position_ids)  # [..., d] per token
+    # [..., d] per token. Older transformers (5.17, in the declared range) take [B, T]
+    # positions only (newer ones any shape): one row of all positions, then back.
+    cos, sin = backbone.rotary_emb(x, position_ids.reshape(1, -1))
+    cos, sin = (t.reshape(*position_ids.shape, t.shape[-1]) for t in (cos, sin))
     cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over the heads
     last = len(backbone.layers) - 1
     for index, layer in enumerate(backbone.layers):

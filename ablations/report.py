@@ -33,7 +33,6 @@ from .stats import MIN_PAIRS
 from .variant_comparison import PAIRED_COLUMNS, base_variant, paired_differences, summarise
 
 
-
 class MixedProvenanceError(ValueError):
     """The runs a report would pool come from different commits or warm starts."""
 
@@ -87,17 +86,16 @@ def pooled_provenance(rows: Sequence[dict], allow_mixed: bool = False) -> str:
     """
     ok = [r for r in rows if r["status"] == "ok"]
 
-    def values(column: str) -> list[str]:
-        return sorted({str(r.get(column, "")) or "unrecorded" for r in ok})
-
     def recorded(r: dict, column: str) -> str:
         return str(r.get(column, "")) or "unrecorded"
 
+    def values(column: str) -> list[str]:
+        return sorted({recorded(r, column) for r in ok})
+
     combos: dict[tuple, list[str]] = {}
-    for r in ok:
-        combos.setdefault((recorded(r, "prov_commit"), recorded(r, "prov_warm_start")), []).append(r["path"])
     starts: dict[str, set] = {}
     for r in ok:
+        combos.setdefault((recorded(r, "prov_commit"), recorded(r, "prov_warm_start")), []).append(r["path"])
         starts.setdefault(r.get("ablation", ""), set()).add(recorded(r, "prov_warm_start"))
     mixed_starts = sorted(name for name, warm in starts.items() if len(warm) > 1)
     mixed = len(values("prov_commit")) > 1 or bool(mixed_starts)

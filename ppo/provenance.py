@@ -24,8 +24,6 @@ SOURCE_ROOT = Path(__file__).resolve().parent.parent
 # A checkpoint larger than this is identified by its file names and sizes, not hashed.
 MAX_HASHED_BYTES = 2 * 1024**3
 FIELDS = ("commit", "dirty", "warm_start", "torch", "transformers", "python", "threads", "cpu", "processes")
-# Rows that differ in these describe different experiments (ablations report refuses to pool them).
-POOLING_KEYS = ("commit", "warm_start")
 
 
 def _git(*args: str) -> str | None:

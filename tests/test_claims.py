@@ -6,6 +6,7 @@
     detectable (4.303 + 1.061) * 0.05774 / sqrt(3) = 0.1788
 """
 
+import re
 from pathlib import Path
 
 import pytest
@@ -300,7 +301,6 @@ def test_reproduce_dry_run_prints_the_plan_and_a_projection_without_running(tmp_
     assert sum(runs for _, _, runs in timed) < len(reproduce.planned_specs(tmp_path / "sw"))
 
 
-
 def test_reproduce_after_its_sweeps_reports_copies_and_rewrites_the_doc(tmp_path, capsys, monkeypatch):
     """The part after the sweeps (here stubbed: run_sweep is tested in test_ablation_runner):
     a weak-start ablation beside pinned-start ones is reported, not refused; results.csv and
@@ -340,8 +340,6 @@ PROSE_SETTINGS = {"0.9", "0.03", "0.95", "1.0", "0.05", "0.43"}
 
 
 def _prose_without_generated_content(text):
-    import re
-
     text = re.sub(r"<!-- generated:(\S+) -->.*?<!-- /generated:\1 -->", "", text, flags=re.S)
     text = re.sub(r"<!-- kl-gradient-study:begin.*?kl-gradient-study:end -->", "", text, flags=re.S)
     text = re.sub(r"`[^`]*`", "", text)  # code spans: commands, field names
@@ -352,8 +350,6 @@ def test_docs_results_prose_states_only_generated_numbers():
     """A reader of docs/results.md finishes it (at most 300 lines), and every measurement its
     prose states is one a generated table on the page shows, so a rerun cannot leave the prose
     saying something the data no longer does."""
-    import re
-
     text = (ROOT / "docs" / "results.md").read_text()
     assert len(text.splitlines()) <= 300
     generated = "\n".join(claims.generated_block(text, name) for name in claims.block_names(text))
@@ -362,4 +358,3 @@ def test_docs_results_prose_states_only_generated_numbers():
     stray = [n for n in re.findall(r"(?<![\w.])[-+]?\d+\.\d+", prose)
              if n.lstrip("+-") not in PROSE_SETTINGS and n.lstrip("+-") not in generated]
     assert not stray, f"numbers in docs/results.md's prose that no generated table shows: {stray}"
-    assert "CLAIMS_PROSE" not in text

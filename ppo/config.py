@@ -226,6 +226,8 @@ class PPOConfig:
     # ------------------------------------------------------------------ logging and checkpoints
     eval_every: int = _f(10, "Held-out evaluation every N steps, and at the start and end; 0 = only start and end.")
     eval_size: int | None = _f(None, "Held-out problems to evaluate (the first N); None = all.")
+    eval_samples_per_prompt: int = _f(1, "Sampled responses per held-out problem; sampled accuracy is then the mean per-problem pass rate, its evaluation noise shrinking as 1/sqrt(N) (pass@k: Chen et al. 2021). The testbed uses 16.")
+    eval_batch_size: int = _f(128, "Held-out responses generated per batch during evaluation (memory and speed). Each batch is seeded on its own, so a different size changes which draws are made, not their distribution.")
     log_samples: int = _f(4, "Decoded rollouts written to samples.jsonl per step.")
     save_every: int = _f(50, "Checkpoint every N steps, and at the end; 0 = only at the end.")
     keep_checkpoints: int = _f(2, "Most recent checkpoints kept on disk.")

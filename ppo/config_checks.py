@@ -110,6 +110,10 @@ def validate(config) -> None:
     for name in ("warmup_steps", "length_reward_warmup_steps", "eval_every", "save_every", "log_samples", "keep_checkpoints"):
         if getattr(config, name) < 0:
             bad(name, "must be >= 0")
+    if not isinstance(config.eval_samples_per_prompt, int) or config.eval_samples_per_prompt < 1:
+        bad("eval_samples_per_prompt", "must be a positive integer")
+    if not isinstance(config.eval_batch_size, int) or config.eval_batch_size < 1:
+        bad("eval_batch_size", "must be a positive integer")
     if config.eval_size is not None and config.eval_size < 1:
         bad("eval_size", "must be a positive integer or None")
     _validate_trackers(config, bad)

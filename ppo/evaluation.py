@@ -6,6 +6,14 @@ explores, and it is the one RL optimises directly (a sharper policy raises it ev
 greedy accuracy stays put). Lengths are split into correct and incorrect responses because
 several ablations (GRPO's length normalisation, Kimi's length reward) move them apart.
 
+Precise enough to compare runs. One sampled response per held-out problem makes the sampled
+accuracy a single draw of N coin flips: on the 256-problem testbed set its draw-to-draw
+spread is as large as the seed-to-seed spread of trained runs. So each problem is sampled
+several times (``PPOConfig.eval_samples_per_prompt``) and the accuracy is the mean per-problem
+pass rate, whose evaluation noise shrinks as 1/sqrt(draws); `pass_at_k` sits beside it. Draws
+are seeded per chunk from the run's seed (`chunk_seed`), so the two arms of a seed pair see the
+same sampling noise (common random numbers) and a paired difference keeps little of it.
+
 Evaluation is guarded as training is: the same prompt truncation (`max_prompt_length`,
 `prompt_truncation`), and the same rule for a NaN or infinite reward (ppo/guards.py
 `check_scores`: stop, or with ``nonfinite_rewards='drop'`` leave the sample out and count it
@@ -22,6 +30,7 @@ run's GPU sampling stream and a resumed run would no longer match a straight one
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 from collections import defaultdict
 from typing import Callable, Iterator, Sequence
@@ -112,6 +121,33 @@ def _mean(values: list[float]) -> float:
     return float(sum(values) / len(values)) if values else float("nan")
 
 
+def pass_at_k(samples: int, correct: int, k: int) -> float:
+    """The unbiased pass@k of one prompt from `samples` draws of which `correct` were right:
+    ``1 - C(n - c, k) / C(n, k)``, the chance that k draws without replacement hold at least
+    one right answer (Chen et al. 2021, "Evaluating Large Language Models Trained on Code", eq. 1).
+
+    Worked example: 4 draws, 1 right: pass@1 = 1 - C(3,1)/C(4,1) = 0.25, pass@2 = 1 - 3/6 = 0.5,
+    pass@4 = 1.0. NaN when k > samples (the estimate needs k draws).
+    """
+    if k > samples:
+        return float("nan")
+    if samples - correct < k:
+        return 1.0
+    return 1.0 - math.comb(samples - correct, k) / math.comb(samples, k)
+
+
+def chunk_seed(seed: int, chunk: int) -> int:
+    """The sampling seed of one evaluation chunk: the run's evaluation seed and the chunk's index.
+
+    Reseeding each chunk (rather than drawing every chunk from one stream) keeps the random
+    numbers of a given problem and draw the same whatever the model generated before it: a
+    chunk that stops early (every response finished) would otherwise shift every later chunk's
+    draws. Two arms of a seed pair therefore sample their held-out responses from the same
+    noise (common random numbers), and their difference carries less evaluation noise.
+    """
+    return (seed * 1_000_003 + chunk) % (2 ** 63)
+
+
 @torch.no_grad()
 def score_generations(
     model: PreTrainedModel,
@@ -127,8 +163,17 @@ def score_generations(
     prompt_truncation: str = "error",
     nonfinite_rewards: str = "stop",
     source: str | None = None,
+    samples_per_prompt: int = 1,
+    seed: int | None = None,
 ) -> dict:
     """Generate for every problem and summarise: accuracy, format rates, lengths.
+
+    Each problem is answered `samples_per_prompt` times (contiguous draws; greedy decoding
+    always once). ``accuracy`` is the mean over problems of each problem's pass rate, the
+    precise form of "the chance a sample is right"; with several draws the summary adds
+    ``accuracy_se`` (its standard error over the evaluation's own draws,
+    ``sqrt(sum_i p_i (1 - p_i) / (n_i - 1)) / N``) and ``pass_at_<n>`` (`pass_at_k`).
+    With `seed`, chunk c is sampled after ``torch.manual_seed(chunk_seed(seed, c))``.
 
     In a data-parallel run each process passes its own shard of `problems` and
     ``gather=ppo.distributed.gather_objects``: the summary then covers every process's
@@ -136,50 +181,75 @@ def score_generations(
     as `prompt_truncation` says; a non-finite reward stops the run, or with
     ``nonfinite_rewards='drop'`` its sample is left out and counted (``dropped_nonfinite``).
     """
-    correct, lengths, has_eos, has_answer, levels = [], [], [], [], []
+    draws = 1 if greedy else samples_per_prompt
+    # One entry per sample: (problem index, correct, has_answer, has_eos, length, level, reward)
+    owner, correct, lengths, has_eos, has_answer, levels = [], [], [], [], [], []
     rewards, prompts, responses = [], [], []
-    for start in range(0, len(problems), batch_size):
-        chunk = list(problems[start:start + batch_size])
-        rollout = generate(model, tokenizer, [p.prompt for p in chunk], max_new_tokens,
+    expanded = [(index, problem) for index, problem in enumerate(problems) for _ in range(draws)]
+    for chunk_index, start in enumerate(range(0, len(expanded), batch_size)):
+        chunk = expanded[start:start + batch_size]
+        chunk_problems = [problem for _, problem in chunk]
+        if seed is not None and not greedy:
+            torch.manual_seed(chunk_seed(seed, chunk_index))
+        rollout = generate(model, tokenizer, [p.prompt for p in chunk_problems], max_new_tokens,
                            temperature=temperature, greedy=greedy, max_prompt_length=max_prompt_length,
                            prompt_truncation=prompt_truncation)
         texts = decode_responses(tokenizer, rollout)
         eos_flags = rollout.has_eos.tolist()
-        scores = score_batch(task, chunk, texts, eos_flags)
-        for problem, score, eos, length in zip(chunk, scores, eos_flags, rollout.response_lengths.tolist()):
+        scores = score_batch(task, chunk_problems, texts, eos_flags)
+        for (index, problem), score, eos, length in zip(chunk, scores, eos_flags, rollout.response_lengths.tolist()):
+            owner.append(index)
             correct.append(score.correct)
             has_answer.append(score.has_answer)
             has_eos.append(eos)
             lengths.append(length)
             levels.append(problem.level)
             rewards.append(score.reward)
-        prompts += [p.prompt for p in chunk]
+        prompts += [p.prompt for p in chunk_problems]
         responses += texts
     # Training's non-finite rule, decided once per evaluation on every rank together (a
     # shard's number of chunks differs between ranks; the collective must not).
     finite = check_scores(torch.tensor(rewards, dtype=torch.float64), prompts, responses,
                           f"{source or score_source(task)} (held-out evaluation)",
                           drop=nonfinite_rewards == "drop").tolist()
-    # In a data-parallel run each process scored its shard of the held-out set: summarise all.
-    records = [record for record, keep in zip(zip(correct, has_answer, has_eos, lengths, levels), finite) if keep]
-    dropped = len(finite) - len(records)
+    # Per problem: its kept draws (correct flags and lengths), level and format flags. A
+    # problem's draws all live on one process, so the summary per problem is local.
+    per_problem: dict[int, dict] = {}
+    for keep, index, ok, answer, eos, length, level in zip(finite, owner, correct, has_answer, has_eos, lengths, levels):
+        entry = per_problem.setdefault(index, {"level": level, "correct": [], "answer": [], "eos": [], "length": []})
+        if keep:
+            for key, value in (("correct", ok), ("answer", answer), ("eos", eos), ("length", length)):
+                entry[key].append(value)
+    records = [entry for entry in per_problem.values() if entry["correct"]]
+    dropped = len(finite) - sum(len(entry["correct"]) for entry in records)
     records = gather(records) if gather is not None else records
     dropped = sum(gather([dropped]) if gather is not None else [dropped])
-    correct, has_answer, has_eos, lengths, levels = (list(column) for column in zip(*records)) if records else ([],) * 5
+    pass_rates = [_mean([float(c) for c in entry["correct"]]) for entry in records]
+
+    def flat(key: str) -> list:
+        return [value for entry in records for value in entry[key]]
+
+    pairs = [(length, ok) for entry in records for length, ok in zip(entry["length"], entry["correct"])]
     by_level = defaultdict(list)
-    for level, ok in zip(levels, correct):
-        if level is not None:
-            by_level[level].append(float(ok))
-    return {
-        "accuracy": _mean([float(c) for c in correct]),
-        "eos_rate": _mean([float(e) for e in has_eos]),
-        "answer_rate": _mean([float(a) for a in has_answer]),
-        "length": _mean([float(n) for n in lengths]),
-        "length_correct": _mean([float(n) for n, c in zip(lengths, correct) if c]),
-        "length_incorrect": _mean([float(n) for n, c in zip(lengths, correct) if not c]),
+    for entry, rate in zip(records, pass_rates):
+        if entry["level"] is not None:
+            by_level[entry["level"]].append(rate)
+    summary = {
+        "accuracy": _mean(pass_rates),
+        "eos_rate": _mean([float(e) for e in flat("eos")]),
+        "answer_rate": _mean([float(a) for a in flat("answer")]),
+        "length": _mean([float(n) for n in flat("length")]),
+        "length_correct": _mean([float(n) for n, c in pairs if c]),
+        "length_incorrect": _mean([float(n) for n, c in pairs if not c]),
         "accuracy_by_level": {int(k): _mean(v) for k, v in sorted(by_level.items())},
         **({"dropped_nonfinite": float(dropped)} if nonfinite_rewards == "drop" else {}),
     }
+    if draws > 1:
+        counts = [(len(entry["correct"]), sum(bool(c) for c in entry["correct"])) for entry in records]
+        within = [p * (1 - p) / (n - 1) for p, (n, _) in zip(pass_rates, counts) if n > 1]
+        summary["accuracy_se"] = math.sqrt(sum(within)) / len(records) if records else float("nan")
+        summary[f"pass_at_{draws}"] = _mean([pass_at_k(n, c, draws) for n, c in counts if n >= draws])
+    return summary
 
 
 def evaluate(
@@ -196,19 +266,24 @@ def evaluate(
     prompt_truncation: str = "error",
     nonfinite_rewards: str = "stop",
     source: str | None = None,
+    samples_per_prompt: int = 1,
 ) -> dict:
     """Greedy and sampled (at `temperature`) metrics on the task's held-out set.
 
     `problems` may be this process's shard, with `gather` merging every process's results
     (see `score_generations`, which also applies training's guards: `max_prompt_length`,
     `prompt_truncation`, `nonfinite_rewards`; `source` names the scorer in its errors).
+    Each problem is sampled `samples_per_prompt` times: ``sampled_accuracy`` is then the mean
+    per-problem pass rate, with ``sampled_accuracy_se`` and ``sampled_pass_at_<n>`` beside it.
 
-    Sampling is seeded with `seed` and every global RNG state (Python, torch CPU, accelerator
-    devices) is restored afterwards (`preserve_rng_state`), so an evaluation in the middle
-    of training does not change the training run's randomness.
+    Sampling is seeded with `seed`, chunk by chunk (`chunk_seed`), and every global RNG state
+    (Python, torch CPU, accelerator devices) is restored afterwards (`preserve_rng_state`), so
+    an evaluation in the middle of training does not change the training run's randomness.
     Returns a flat dict: ``greedy_accuracy``, ``sampled_accuracy``,
     ``sampled_length_correct``, ... and per-level accuracies.
     """
+    if samples_per_prompt < 1:
+        raise ValueError(f"samples_per_prompt must be >= 1, got {samples_per_prompt}")
     problems = list(task.eval_problems() if problems is None else problems)
     guards = dict(max_prompt_length=max_prompt_length, prompt_truncation=prompt_truncation,
                   nonfinite_rewards=nonfinite_rewards, source=source)
@@ -217,7 +292,8 @@ def evaluate(
         greedy = score_generations(model, tokenizer, task, problems, max_new_tokens, greedy=True,
                                    batch_size=batch_size, gather=gather, **guards)
         sampled = score_generations(model, tokenizer, task, problems, max_new_tokens, greedy=False,
-                                    temperature=temperature, batch_size=batch_size, gather=gather, **guards)
+                                    temperature=temperature, batch_size=batch_size, gather=gather,
+                                    samples_per_prompt=samples_per_prompt, seed=seed, **guards)
     flat = {}
     for prefix, result in (("greedy", greedy), ("sampled", sampled)):
         for key, value in result.items():

@@ -182,6 +182,10 @@ TESTBED_SCALE: dict[str, Any] = dict(
     response_length=64,
     eval_every=20,
     eval_size=256,
+    # Sixteen draws per held-out problem: with one draw the evaluation's own noise is as large
+    # as the seed-to-seed spread of trained runs; sixteen cut it fourfold (ppo/evaluation.py).
+    eval_samples_per_prompt=16,
+    eval_batch_size=512,
     save_every=0,
     # Learning rates scale with model size: the presets' values are for 7B models and
     # barely move a 0.9M-parameter model in 100 steps. Every testbed run uses the same

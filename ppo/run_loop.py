@@ -32,13 +32,14 @@ def evaluate(trainer) -> dict:
         problems = problems[: cfg.eval_size]
     shard = problems[distributed.rank()::distributed.world_size()]
     seed = distributed.rank_seed(cfg.seed, distributed.rank())
-    batch = {}
+    batch = {"batch_size": cfg.eval_batch_size}
     if sharding.sharded(cfg):
-        batch = sharded_eval_batch(trainer.task, len(problems), distributed.world_size())
+        batch = sharded_eval_batch(trainer.task, len(problems), distributed.world_size(), cfg.eval_samples_per_prompt)
     try:
         # Training's guards: the same prompt truncation and the same non-finite reward rule.
         metrics = evaluate_policy(trainer.policy_module, trainer.tokenizer, trainer.task, cfg.response_length,
                                   temperature=1.0, seed=seed, problems=shard, gather=distributed.gather_objects,
+                                  samples_per_prompt=cfg.eval_samples_per_prompt,
                                   **batch,
                                   max_prompt_length=trainer.max_prompt_length,
                                   prompt_truncation=cfg.prompt_truncation, nonfinite_rewards=cfg.nonfinite_rewards,
@@ -57,17 +58,18 @@ def evaluate(trainer) -> dict:
     return metrics
 
 
-def sharded_eval_batch(task, problems: int, processes: int) -> dict:
+def sharded_eval_batch(task, problems: int, processes: int, samples_per_prompt: int = 1) -> dict:
     """Sharded models (sharding="fsdp") generate only with every rank in the same call, so each
-    rank scores its whole shard in one generate call (shards differ by at most one problem);
-    a held-out set smaller than the number of processes would leave a rank idle, and is refused."""
+    rank scores its whole shard (each problem `samples_per_prompt` times) in one generate call
+    (shards differ by at most one problem); a held-out set smaller than the number of processes
+    would leave a rank idle, and is refused."""
     if problems < processes:
         raise ValueError(f"PPOConfig.eval_size: {problems} held-out problems cannot be shared by {processes} "
                          "processes with sharded models (sharding='fsdp'); evaluate at least one per process")
     largest = -(-problems // processes)
     if getattr(task, "eval_batch_size", largest) < largest:  # the task's own sampling (extra_eval)
         task.eval_batch_size = largest
-    return {"batch_size": largest}
+    return {"batch_size": largest * samples_per_prompt}
 
 
 def train(trainer, resume: bool = False, stop_after: int | None = None, restart: bool = False,

@@ -11,6 +11,8 @@ Commands::
     python -m ablations speed compare --peer-dir DIR --peer-python PY --peer-python-ppo PY
     python -m ablations claims RESULTS [--update docs/results.md]
     python -m ablations estimate NAME|all [--seeds 3] [--timed-steps 2] [--json FILE] [--compile]
+    python -m ablations noise SWEEP_DIR [--draws 4] [--samples-per-prompt 1,16] [--seeds 5] [--json FILE]
+    python -m ablations aa SWEEP_DIR [--verdict-seeds 5] [--json FILE]
 
 ``run`` writes one ``ppo-train`` run directory per variant x seed under ``DIR/<ablation>/``
 (default ``DIR = sweeps/<first NAME>``), skips runs that are already complete and retries
@@ -207,13 +209,17 @@ def build_parser() -> argparse.ArgumentParser:
                         "sweep (python -m ablations claims --help)", add_help=False)
     commands.add_parser("estimate", help="a sweep's serial time, projected from a few timed steps of each run "
                         "(python -m ablations estimate --help)", add_help=False)
+    commands.add_parser("noise", help="split a sweep's variance into evaluation and training noise; the smallest "
+                        "difference N seeds detect (python -m ablations noise --help)", add_help=False)
+    commands.add_parser("aa", help="the verdicts' false-positive rate from an A/A sweep (python -m ablations aa --help)",
+                        add_help=False)
     commands.add_parser("reproduce", help="rerun (or find complete) every sweep behind docs/results.md and "
                         "regenerate its tables (python -m ablations reproduce --help)", add_help=False)
     return parser
 
 
 # Commands with their own parser: main() hands everything after the name to ablations.<name>.main.
-DELEGATED = ("bench", "speed", "claims", "estimate", "reproduce")
+DELEGATED = ("bench", "speed", "claims", "estimate", "reproduce", "noise", "aa")
 
 
 def main(argv: list[str] | None = None) -> int:

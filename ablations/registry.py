@@ -18,11 +18,17 @@ from ppo.config import PPOConfig, preset
 
 @dataclass(frozen=True)
 class Variant:
-    """One arm of an ablation: a preset and the fields it changes."""
+    """One arm of an ablation: a preset and the fields it changes.
+
+    `seed_offset` shifts the arm's training seed (seed k runs with seed k + offset) while the
+    sweep still pairs it with the other arms' seed k: two arms identical but for the offset
+    are an A/A pair, whose differences show the verdicts' false-positive rate (ablations/aa.py).
+    """
 
     name: str
     preset: str
     overrides: dict = field(default_factory=dict, hash=False)
+    seed_offset: int = 0
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,8 @@ class Ablation:
         total_steps = steps or self.steps
         if total_steps is not None:
             overrides["total_steps"] = total_steps
-        return preset(variant.preset, testbed=True, seed=seed, output_dir=output_dir, progress=False, **overrides)
+        return preset(variant.preset, testbed=True, seed=seed + variant.seed_offset, output_dir=output_dir,
+                      progress=False, **overrides)
 
     def variant(self, name: str) -> Variant:
         for variant in self.variants:
@@ -391,6 +398,17 @@ register(
     "quick",
     "Quick cross-section for the demo: PPO and GRPO from the same SFT start.",
     [Variant("ppo", PPO), Variant("grpo", "grpo")],
+    metric="accuracy", extra_metrics=("kl_k1", "response_length"),
+    steps=60,
+)
+
+# The instrument's own check (ablations/aa.py): two identical GRPO arms whose seeds differ by an
+# offset. Every difference between them is noise; run it with 20+ seeds.
+register(
+    "aa_grpo",
+    "A/A check of the verdicts: two identical GRPO arms (the second's seeds offset by 1000), so every "
+    "difference is noise. How often does a 5-seed paired verdict call one (nominal 5%)?",
+    [Variant("a", "grpo"), Variant("b", "grpo", seed_offset=1000)],
     metric="accuracy", extra_metrics=("kl_k1", "response_length"),
     steps=60,
 )

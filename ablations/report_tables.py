@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from .run_results import collect_runs
-from .stats import MIN_PAIRS
+from .stats import MIN_PAIRS, paired_difference
 from .variant_comparison import paired_differences, summarise
 
 
@@ -102,6 +102,41 @@ def _paired_table(pairs: Sequence[dict], metric: str, columns: Sequence[str] | N
     return "\n".join(lines)
 
 
+def gain_over_start(rows: Sequence[dict]) -> dict[tuple[str, str], dict]:
+    """(ablation, variant) -> `paired_difference` of final minus initial held-out sampled accuracy.
+
+    Each run is paired with its own start: the same warm start, scored with the same seed's
+    evaluation draws before and after training, so the difference keeps little evaluation noise.
+    """
+    starts_and_ends: dict[tuple[str, str], tuple[dict, dict]] = {}
+    for row in rows:
+        if row["status"] != "ok":
+            continue
+        start, end = starts_and_ends.setdefault((row["ablation"], row["variant"]), ({}, {}))
+        start[row["seed"]] = row["initial_sampled_accuracy"]
+        end[row["seed"]] = row["final_sampled_accuracy"]
+    return {key: paired_difference(start, end) for key, (start, end) in starts_and_ends.items()}
+
+
+def gain_lines(rows: Sequence[dict], ablation: str) -> str:
+    """One line per variant: its gain over the start with interval and verdict."""
+    lines = []
+    for (name, variant), entry in gain_over_start(rows).items():
+        if name != ablation:
+            continue
+        interval = "n/a" if entry["n"] < 2 else _fmt(entry["ci"], "acc")
+        if entry["separated"]:
+            word = "gains over its start" if entry["mean"] > 0 else "ends below its start"
+            text = f"separated: {word}"
+        else:
+            text = verdict(entry, "acc")
+        lines.append(f"- {variant}: {_fmt(entry['mean'], 'signed')} ± {interval} ({entry['n']} seeds): {text}")
+    if not lines:
+        return ""
+    return ("Gain over the start (final minus initial held-out sampled accuracy of each run, "
+            "mean ± 95% interval over seeds):\n" + "\n".join(lines))
+
+
 def _by_ablation(entries: Sequence[dict]) -> dict[str, list[dict]]:
     grouped: dict[str, list[dict]] = {}
     for entry in entries:
@@ -119,7 +154,9 @@ def format_table(sweep_dir: str | Path) -> str:
     parts = []
     for ablation, entries in grouped.items():
         paired = _paired_table([p for p in pairs if p["ablation"] == ablation], entries[0]["metric"])
-        parts.append(f"## {ablation}\n\n{_ablation_table(entries)}" + (f"\n\n{paired}" if paired else ""))
+        gains = gain_lines(rows, ablation)
+        parts.append(f"## {ablation}\n\n{_ablation_table(entries)}" + (f"\n\n{paired}" if paired else "")
+                     + (f"\n\n{gains}" if gains else ""))
     return "\n\n".join(parts)
 
 

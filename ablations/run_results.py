@@ -19,6 +19,10 @@ Per-run numbers (`collect_runs`, one row per run directory, also written to ``re
     final_sampled_accuracy      ... after training (the last evaluation for unfinished runs)
     final_greedy_accuracy       held-out greedy accuracy after training
     accuracy_gain               final - initial sampled accuracy
+    late_sampled_accuracy       mean held-out sampled accuracy over the evaluations in the
+                                second half of the run (step >= total_steps / 2, the final
+                                one included): averages evaluation and late-training noise
+    late_accuracy_gain          late_sampled_accuracy - initial sampled accuracy
     reward, kl, kl_k1, entropy  training means over the last 10% of steps (``kl`` is the
                                 configured, possibly clipped, estimator; ``kl_k1`` the
                                 unclipped k1 estimate, i.e. the "true" sampled KL)
@@ -67,7 +71,7 @@ WHOLE_RUN_SUFFIX = ":all"  # results.csv column "<extra metric>:all": its mean o
 RUN_COLUMNS = (
     "ablation", "variant", "seed", "status", "error", "path", "steps", "total_steps",
     "initial_sampled_accuracy", "final_sampled_accuracy", "final_greedy_accuracy", "accuracy_gain",
-    "reward", "kl", "kl_k1", "entropy", "response_length_correct", "response_length_incorrect",
+    "late_sampled_accuracy", "late_accuracy_gain", "reward", "kl", "kl_k1", "entropy", "response_length_correct", "response_length_incorrect",
     "wall_seconds", "samples", "metric", "metric_value", "reused_from",
 ) + tuple(f"prov_{name}" for name in PROVENANCE_FIELDS)
 # Training-metric columns that are last-10% means of the metrics.jsonl key of the same name.
@@ -204,6 +208,20 @@ def run_mean(rows: Sequence[dict], key: str) -> float:
     return float(finite.mean()) if len(finite) else float("nan")
 
 
+def late_mean(rows: Sequence[dict], key: str, total_steps: float) -> float:
+    """Mean of `key` over the steps in the second half of the run (step >= total_steps / 2, and
+    step >= 1) that logged a finite value: for sparse held-out keys, the late evaluations.
+
+    Worked example: 60 steps evaluated every 10: steps 30, 40, 50 and 60 count, so accuracies
+    [..., 0.40, 0.42, 0.44, 0.46] give 0.43. NaN when no such step logged it.
+    """
+    steps, values = series(rows, key, min_step=1)
+    if not math.isfinite(total_steps):
+        total_steps = float(steps.max()) if len(steps) else 0.0
+    window = values[(steps >= total_steps / 2) & np.isfinite(values)]
+    return float(window.mean()) if len(window) else float("nan")
+
+
 def _last_logged(rows: Sequence[dict], key: str, min_step: int = 0) -> float:
     _, values = series(rows, key, min_step=min_step)
     finite = values[np.isfinite(values)]
@@ -280,6 +298,8 @@ def _run_row(sweep_dir: Path, ablation: str, variant: str, seed: int, run_dir: P
         "final_sampled_accuracy": final,
         "final_greedy_accuracy": final_greedy,
         "accuracy_gain": gain,
+        "late_sampled_accuracy": late_mean(rows, "eval_sampled_accuracy", total_steps),
+        "late_accuracy_gain": late_mean(rows, "eval_sampled_accuracy", total_steps) - initial,
         **{key: tail_mean(rows, key) for key in TAIL_COLUMNS},
         "wall_seconds": _as_float(summary.get("wall_seconds_this_session")),
         "samples": _whole(_as_float(summary.get("samples"))),

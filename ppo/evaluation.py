@@ -39,7 +39,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from .guards import NonFiniteError, RewardTypeError, check_scores, reward_function_error
-from .rollout import decode_responses, generate
+from .rollout import Rollout, decode_responses, generate
 from .tasks.base import Problem, Score, Task
 
 
@@ -148,6 +148,71 @@ def chunk_seed(seed: int, chunk: int) -> int:
     return (seed * 1_000_003 + chunk) % (2 ** 63)
 
 
+def sampled_chunks(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: Sequence[Problem],
+    max_new_tokens: int,
+    greedy: bool = False,
+    temperature: float = 1.0,
+    batch_size: int = 128,
+    samples_per_prompt: int = 1,
+    seed: int | None = None,
+    max_prompt_length: int | None = None,
+    prompt_truncation: str = "error",
+) -> Iterator[tuple[list[tuple[int, Problem]], "Rollout"]]:
+    """Generate for every problem, `samples_per_prompt` times (contiguous; greedy: once), in
+    chunks of `batch_size` responses; yields ``(chunk, rollout)`` where `chunk` lists each row's
+    (problem index, problem). With `seed`, chunk c samples after
+    ``torch.manual_seed(chunk_seed(seed, c))`` (common random numbers, see `chunk_seed`)."""
+    draws = 1 if greedy else samples_per_prompt
+    expanded = [(index, problem) for index, problem in enumerate(problems) for _ in range(draws)]
+    for chunk_index, start in enumerate(range(0, len(expanded), batch_size)):
+        chunk = expanded[start:start + batch_size]
+        if seed is not None and not greedy:
+            torch.manual_seed(chunk_seed(seed, chunk_index))
+        yield chunk, generate(model, tokenizer, [p.prompt for _, p in chunk], max_new_tokens, temperature=temperature,
+                              greedy=greedy, max_prompt_length=max_prompt_length, prompt_truncation=prompt_truncation)
+
+
+def summarise_problems(records: Sequence[dict], draws: int) -> dict:
+    """The evaluation summary from per-problem records (each: ``level`` and the lists
+    ``correct``, ``answer``, ``eos``, ``length`` over that problem's kept draws).
+
+    ``accuracy`` is the mean over problems of their pass rates; with `draws` > 1 the summary
+    adds ``accuracy_se`` = ``sqrt(sum_i p_i (1 - p_i) / (n_i - 1)) / N`` (the standard error of
+    that mean over the evaluation's own draws) and ``pass_at_<draws>`` (`pass_at_k`).
+
+    Worked example, 4 draws: problem A right 3 times, B never: accuracy (0.75 + 0) / 2 =
+    0.375, accuracy_se sqrt(0.75 * 0.25 / 3) / 2 = 0.125, pass_at_4 (1 + 0) / 2 = 0.5.
+    """
+    pass_rates = [_mean([float(c) for c in entry["correct"]]) for entry in records]
+
+    def every(key: str) -> list:
+        return [value for entry in records for value in entry[key]]
+
+    pairs = list(zip(every("length"), every("correct")))
+    by_level = defaultdict(list)
+    for entry, rate in zip(records, pass_rates):
+        if entry["level"] is not None:
+            by_level[entry["level"]].append(rate)
+    summary = {
+        "accuracy": _mean(pass_rates),
+        "eos_rate": _mean([float(e) for e in every("eos")]),
+        "answer_rate": _mean([float(a) for a in every("answer")]),
+        "length": _mean([float(n) for n in every("length")]),
+        "length_correct": _mean([float(n) for n, c in pairs if c]),
+        "length_incorrect": _mean([float(n) for n, c in pairs if not c]),
+        "accuracy_by_level": {int(k): _mean(v) for k, v in sorted(by_level.items())},
+    }
+    if draws > 1:
+        counts = [(len(entry["correct"]), sum(bool(c) for c in entry["correct"])) for entry in records]
+        within = [p * (1 - p) / (n - 1) for p, (n, _) in zip(pass_rates, counts) if n > 1]
+        summary["accuracy_se"] = math.sqrt(sum(within)) / len(records) if records else float("nan")
+        summary[f"pass_at_{draws}"] = _mean([pass_at_k(n, c, draws) for n, c in counts if n >= draws])
+    return summary
+
+
 @torch.no_grad()
 def score_generations(
     model: PreTrainedModel,
@@ -166,14 +231,8 @@ def score_generations(
     samples_per_prompt: int = 1,
     seed: int | None = None,
 ) -> dict:
-    """Generate for every problem and summarise: accuracy, format rates, lengths.
-
-    Each problem is answered `samples_per_prompt` times (contiguous draws; greedy decoding
-    always once). ``accuracy`` is the mean over problems of each problem's pass rate, the
-    precise form of "the chance a sample is right"; with several draws the summary adds
-    ``accuracy_se`` (its standard error over the evaluation's own draws,
-    ``sqrt(sum_i p_i (1 - p_i) / (n_i - 1)) / N``) and ``pass_at_<n>`` (`pass_at_k`).
-    With `seed`, chunk c is sampled after ``torch.manual_seed(chunk_seed(seed, c))``.
+    """Generate for every problem (`sampled_chunks`) and summarise (`summarise_problems`):
+    accuracy, format rates, lengths.
 
     In a data-parallel run each process passes its own shard of `problems` and
     ``gather=ppo.distributed.gather_objects``: the summary then covers every process's
@@ -181,75 +240,74 @@ def score_generations(
     as `prompt_truncation` says; a non-finite reward stops the run, or with
     ``nonfinite_rewards='drop'`` its sample is left out and counted (``dropped_nonfinite``).
     """
-    draws = 1 if greedy else samples_per_prompt
-    # One entry per sample: (problem index, correct, has_answer, has_eos, length, level, reward)
-    owner, correct, lengths, has_eos, has_answer, levels = [], [], [], [], [], []
-    rewards, prompts, responses = [], [], []
-    expanded = [(index, problem) for index, problem in enumerate(problems) for _ in range(draws)]
-    for chunk_index, start in enumerate(range(0, len(expanded), batch_size)):
-        chunk = expanded[start:start + batch_size]
-        chunk_problems = [problem for _, problem in chunk]
-        if seed is not None and not greedy:
-            torch.manual_seed(chunk_seed(seed, chunk_index))
-        rollout = generate(model, tokenizer, [p.prompt for p in chunk_problems], max_new_tokens,
-                           temperature=temperature, greedy=greedy, max_prompt_length=max_prompt_length,
-                           prompt_truncation=prompt_truncation)
+    samples = []  # one (problem index, problem, score, has_eos, length) per response
+    texts_all = []
+    for chunk, rollout in sampled_chunks(model, tokenizer, problems, max_new_tokens, greedy, temperature, batch_size,
+                                         samples_per_prompt, seed, max_prompt_length, prompt_truncation):
         texts = decode_responses(tokenizer, rollout)
         eos_flags = rollout.has_eos.tolist()
-        scores = score_batch(task, chunk_problems, texts, eos_flags)
-        for (index, problem), score, eos, length in zip(chunk, scores, eos_flags, rollout.response_lengths.tolist()):
-            owner.append(index)
-            correct.append(score.correct)
-            has_answer.append(score.has_answer)
-            has_eos.append(eos)
-            lengths.append(length)
-            levels.append(problem.level)
-            rewards.append(score.reward)
-        prompts += [p.prompt for p in chunk_problems]
-        responses += texts
+        scores = score_batch(task, [p for _, p in chunk], texts, eos_flags)
+        samples += [(index, problem, score, eos, length) for (index, problem), score, eos, length
+                    in zip(chunk, scores, eos_flags, rollout.response_lengths.tolist())]
+        texts_all += texts
     # Training's non-finite rule, decided once per evaluation on every rank together (a
     # shard's number of chunks differs between ranks; the collective must not).
-    finite = check_scores(torch.tensor(rewards, dtype=torch.float64), prompts, responses,
+    finite = check_scores(torch.tensor([sample[2].reward for sample in samples], dtype=torch.float64),
+                          [sample[1].prompt for sample in samples], texts_all,
                           f"{source or score_source(task)} (held-out evaluation)",
                           drop=nonfinite_rewards == "drop").tolist()
-    # Per problem: its kept draws (correct flags and lengths), level and format flags. A
-    # problem's draws all live on one process, so the summary per problem is local.
+    # Per problem: its kept draws. A problem's draws all live on one process, so each
+    # problem's record is complete before the gather.
     per_problem: dict[int, dict] = {}
-    for keep, index, ok, answer, eos, length, level in zip(finite, owner, correct, has_answer, has_eos, lengths, levels):
-        entry = per_problem.setdefault(index, {"level": level, "correct": [], "answer": [], "eos": [], "length": []})
+    for keep, (index, problem, score, eos, length) in zip(finite, samples):
+        entry = per_problem.setdefault(index, {"level": problem.level, "correct": [], "answer": [], "eos": [],
+                                               "length": []})
         if keep:
-            for key, value in (("correct", ok), ("answer", answer), ("eos", eos), ("length", length)):
+            for key, value in (("correct", score.correct), ("answer", score.has_answer), ("eos", eos),
+                               ("length", length)):
                 entry[key].append(value)
     records = [entry for entry in per_problem.values() if entry["correct"]]
     dropped = len(finite) - sum(len(entry["correct"]) for entry in records)
     records = gather(records) if gather is not None else records
     dropped = sum(gather([dropped]) if gather is not None else [dropped])
-    pass_rates = [_mean([float(c) for c in entry["correct"]]) for entry in records]
-
-    def flat(key: str) -> list:
-        return [value for entry in records for value in entry[key]]
-
-    pairs = [(length, ok) for entry in records for length, ok in zip(entry["length"], entry["correct"])]
-    by_level = defaultdict(list)
-    for entry, rate in zip(records, pass_rates):
-        if entry["level"] is not None:
-            by_level[entry["level"]].append(rate)
-    summary = {
-        "accuracy": _mean(pass_rates),
-        "eos_rate": _mean([float(e) for e in flat("eos")]),
-        "answer_rate": _mean([float(a) for a in flat("answer")]),
-        "length": _mean([float(n) for n in flat("length")]),
-        "length_correct": _mean([float(n) for n, c in pairs if c]),
-        "length_incorrect": _mean([float(n) for n, c in pairs if not c]),
-        "accuracy_by_level": {int(k): _mean(v) for k, v in sorted(by_level.items())},
-        **({"dropped_nonfinite": float(dropped)} if nonfinite_rewards == "drop" else {}),
-    }
-    if draws > 1:
-        counts = [(len(entry["correct"]), sum(bool(c) for c in entry["correct"])) for entry in records]
-        within = [p * (1 - p) / (n - 1) for p, (n, _) in zip(pass_rates, counts) if n > 1]
-        summary["accuracy_se"] = math.sqrt(sum(within)) / len(records) if records else float("nan")
-        summary[f"pass_at_{draws}"] = _mean([pass_at_k(n, c, draws) for n, c in counts if n >= draws])
+    summary = summarise_problems(records, 1 if greedy else samples_per_prompt)
+    if nonfinite_rewards == "drop":
+        summary["dropped_nonfinite"] = float(dropped)
     return summary
+
+
+@torch.no_grad()
+def heldout_kl(
+    policy: PreTrainedModel,
+    reference: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    problems: Sequence[Problem],
+    max_new_tokens: int,
+    seed: int,
+    samples_per_prompt: int = 1,
+    batch_size: int = 128,
+    max_prompt_length: int | None = None,
+    prompt_truncation: str = "error",
+) -> float:
+    """The true KL(policy || reference) on held-out prompts, in nats per response.
+
+    Samples what the sampled evaluation with this `seed` samples (`sampled_chunks`) and
+    averages the sequence-level k1 estimate ``sum_t log pi(y_t) - log pi_ref(y_t)`` over the
+    responses: an unbiased estimate of the KL, unlike the clipped or per-token estimators
+    training may use, and on prompts no training step saw.
+    """
+    from .logprobs import response_logprobs
+
+    totals = []
+    with preserve_rng_state():
+        for _, rollout in sampled_chunks(policy, tokenizer, problems, max_new_tokens, batch_size=batch_size,
+                                         samples_per_prompt=samples_per_prompt, seed=seed,
+                                         max_prompt_length=max_prompt_length, prompt_truncation=prompt_truncation):
+            inputs = (rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.response_mask)
+            logprobs = response_logprobs(policy, *inputs)  # [B, T]
+            ref_logprobs = response_logprobs(reference, *inputs)  # [B, T]
+            totals += ((logprobs - ref_logprobs) * rollout.response_mask).sum(1).tolist()  # [B] nats each
+    return _mean(totals)
 
 
 def evaluate(

@@ -148,6 +148,31 @@ def copy_report(sweep_dir: Path, out: Path) -> None:
     shutil.copytree(sweep_dir / "plots", out / "plots", dirs_exist_ok=True)
 
 
+def clean_tree_or_override(allow_dirty: bool, report_dir: Path) -> bool:
+    """True when the source tree is a clean commit, or `allow_dirty` says to go on anyway (then
+    ``reproduce.json`` in `report_dir` records that these results came from uncommitted code).
+
+    Results written for the docs must name code a reader can check out: every run records its
+    commit, and a dirty tree's commit is not the code that ran.
+    """
+    import json
+
+    from ppo.provenance import source_version
+
+    commit, dirty = source_version()
+    if dirty and not allow_dirty:
+        print(f"reproduce: the working tree has uncommitted changes (at {commit[:12]}): results for the docs "
+              "must come from a commit. Commit or stash them, or pass --allow-dirty (recorded).", file=sys.stderr)
+        return False
+    if dirty:
+        report_dir.mkdir(parents=True, exist_ok=True)
+        (report_dir / "reproduce.json").write_text(json.dumps({"commit": commit, "dirty": True,
+                                                               "allow_dirty": True}, indent=1) + "\n")
+        print(f"reproduce: --allow-dirty: running uncommitted code at {commit[:12]} (recorded in "
+              f"{report_dir / 'reproduce.json'})", file=sys.stderr)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ablations reproduce", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="sweeps/results", help="the sweep directory (default: sweeps/results)")
@@ -160,9 +185,14 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the sweep's report.md, paired.csv, summary.csv and plots/ are copied")
     parser.add_argument("--allow-mixed", action="store_true",
                         help="report runs of different commits or warm starts together (refused by default)")
+    parser.add_argument("--allow-dirty", action="store_true",
+                        help="run from a working tree with uncommitted changes (refused by default: the docs' "
+                             "results must name a commit; the override is recorded in the report directory)")
     args = parser.parse_args(argv)
     if args.workers < 1 or args.threads < 1:
         parser.error("--workers and --threads must be at least 1")
+    if not args.dry_run and not clean_tree_or_override(args.allow_dirty, Path(args.report_dir)):
+        return 2
     from ppo.rlhf import is_built, reward_model_cache_path
     from ppo.rlhf import main as build_reward_model
 

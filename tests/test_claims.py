@@ -6,6 +6,7 @@
     detectable (4.303 + 1.061) * 0.05774 / sqrt(3) = 0.1788
 """
 
+import json
 import re
 from pathlib import Path
 
@@ -307,6 +308,7 @@ def test_reproduce_after_its_sweeps_reports_copies_and_rewrites_the_doc(tmp_path
     the report are copied; the doc's blocks rewritten. Runs of two commits end in one line."""
     import types
 
+    import ppo.provenance
     import ppo.rlhf
     from ablations import estimate, reproduce, runner
     from tests.test_reproducibility import _finished_run
@@ -319,6 +321,7 @@ def test_reproduce_after_its_sweeps_reports_copies_and_rewrites_the_doc(tmp_path
     monkeypatch.setattr(estimate, "time_run", lambda ablation, variant, config, runs, *a:
                         estimate.RunEstimate(ablation, variant, 1, 1.0, 0.5, 2.0, 0.1, 3, 1, 0.0, runs))
     monkeypatch.setattr(runner, "run_sweep", lambda *a, **k: types.SimpleNamespace(failed=[]))
+    monkeypatch.setattr(ppo.provenance, "source_version", lambda: ("c" * 40, False))
     doc = tmp_path / "results.md"
     doc.write_text("<!-- generated:glance -->\n<!-- /generated:glance -->\n")
     args = ["--out", str(sweep), "--data", str(tmp_path / "data.csv"), "--doc", str(doc),
@@ -330,6 +333,24 @@ def test_reproduce_after_its_sweeps_reports_copies_and_rewrites_the_doc(tmp_path
     _finished_run(sweep / "length_norm" / "constant" / "seed1", "b" * 40, "pinned", 0.5)
     assert reproduce.main(args) == 1
     assert "error: the runs to pool come from" in capsys.readouterr().err
+
+
+def test_reproduce_refuses_a_dirty_tree_unless_told_and_records_the_override(tmp_path, capsys, monkeypatch):
+    import ppo.provenance
+    from ablations import reproduce
+
+    monkeypatch.setattr(ppo.provenance, "source_version", lambda: ("d" * 40, True))
+    args = ["--out", str(tmp_path / "sw"), "--report-dir", str(tmp_path / "reruns"), "--doc", str(tmp_path / "r.md"),
+            "--data", str(tmp_path / "data.csv")]
+    assert reproduce.main(args) == 2
+    assert "uncommitted changes" in capsys.readouterr().err
+    assert not (tmp_path / "sw").exists() and not (tmp_path / "reruns").exists()
+    assert reproduce.clean_tree_or_override(True, tmp_path / "reruns")
+    recorded = json.loads((tmp_path / "reruns" / "reproduce.json").read_text())
+    assert recorded == {"commit": "d" * 40, "dirty": True, "allow_dirty": True}
+    monkeypatch.setattr(ppo.provenance, "source_version", lambda: ("e" * 40, False))
+    assert reproduce.clean_tree_or_override(False, tmp_path / "other")
+    assert not (tmp_path / "other").exists()
 
 
 # Decimal numbers docs/results.md's prose may state without a generated table behind them:

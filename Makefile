@@ -45,7 +45,7 @@ install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
 	$(PY) -m ppo.sft
-	$(PY) -m ablations run quick --seeds 2 --threads 1 --out sweeps/quick
+	$(PY) -m ablations run quick --seeds 3 --threads 1 --out sweeps/quick
 
 # Data parallel on the CPU: 2 processes (gloo), each sampling half of the global batch.
 demo-2proc: $(VENV)/.installed

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ppo.config import PPOConfig, preset
+from ppo.presets import PRESETS
 
 
 @dataclass(frozen=True)
@@ -398,6 +399,16 @@ register(
     "quick",
     "Quick cross-section for the demo: PPO and GRPO from the same SFT start.",
     [Variant("ppo", PPO), Variant("grpo", "grpo")],
+    metric="accuracy", extra_metrics=("kl_k1", "response_length"),
+    steps=60,
+)
+
+# Does every preset learn on the testbed? Each arm is one preset as `preset(name, testbed=True)`
+# builds it; docs/testbed.md reports each one's gain over the start.
+register(
+    "testbed_presets",
+    "Does every preset, scaled to the CPU testbed, gain held-out accuracy over the warm start in 60 steps?",
+    [Variant(name, name) for name in PRESETS],
     metric="accuracy", extra_metrics=("kl_k1", "response_length"),
     steps=60,
 )

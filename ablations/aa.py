@@ -14,7 +14,8 @@ its standard error is the leave-one-pair-out jackknife's, and the interval is th
 +- 1.96 standard errors. The paired difference over all P pairs is reported beside it: with no
 true difference its interval should cover zero.
 
-Writes ``--json FILE`` and, with ``--update FILE``, the ``<!-- generated:aa:LABEL -->`` block.
+Writes ``--json FILE``; saved as docs/results/data/aa_NAME.json, it fills the
+``<!-- generated:aa:NAME -->`` blocks of the docs (``python -m ablations claims DATA --update FILE``).
 """
 
 from __future__ import annotations
@@ -123,8 +124,6 @@ def main(argv: list[str] | None = None) -> int:
                              "accuracy_gain)")
     parser.add_argument("--verdict-seeds", type=int, default=5, help="seeds per verdict (the subset size)")
     parser.add_argument("--json", default=None)
-    parser.add_argument("--update", default=None, help="rewrite the generated:aa:LABEL block of this markdown file")
-    parser.add_argument("--label", default=None)
     args = parser.parse_args(argv)
     from .run_results import collect_runs
 
@@ -147,13 +146,6 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({"sweep": str(sweep_dir), "result": result,
                                                "runs_provenance": provenance}, indent=1) + "\n")
         print(f"\nwrote {args.json}")
-    if args.update:
-        from .doc_blocks import replace_block
-
-        label = f"aa:{args.label or sweep_dir.name}"
-        path = Path(args.update)
-        path.write_text(replace_block(path.read_text(), label, text + "\n"))
-        print(f"updated the {label} block of {path}")
     return 0
 
 

@@ -457,10 +457,29 @@ def paired_against(rows: Sequence[dict], ablation: str, base: str) -> str:
 # ==========================================================================================
 # Generated blocks in a markdown file
 # ==========================================================================================
+def instrument_table(kind: str, path: Path) -> str:
+    """The noise budget (`ablations.noise`) or A/A check (`ablations.aa`) saved in `path`, as markdown."""
+    import json
+
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file (written by python -m ablations {kind} ... --json {path})")
+    data = json.loads(path.read_text())
+    if kind == "noise":
+        from .noise import markdown
+
+        return markdown(data["table"], data["seeds"], data["target"])
+    from .aa import markdown
+
+    return markdown(data["result"])
+
+
 def generated_tables(rows: Sequence[dict], names: Sequence[str]) -> dict[str, str]:
     """What each named block must hold: ``claims``, ``glance``, ``table:ABLATION``,
-    ``pairs:ABLATION:VARIANT`` (every other variant paired against VARIANT), or
-    ``glance:DIR`` (the at-a-glance lines of the sweep committed in docs/results/DIR/)."""
+    ``pairs:ABLATION:VARIANT`` (every other variant paired against VARIANT),
+    ``glance:DIR`` (the at-a-glance lines of the sweep committed in docs/results/DIR/),
+    ``gains:DIR`` (each variant's gain over its start in that sweep), ``noise:NAME`` and
+    ``aa:NAME`` (the noise budget and A/A check saved in docs/results/data/noise_NAME.json,
+    aa_NAME.json)."""
     tables = {}
     for name in names:
         if name == "claims":
@@ -469,6 +488,13 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str]) -> dict[str, st
             tables[name] = glance_table(rows)
         elif name.startswith("glance:"):  # another committed sweep: docs/results/DIR/results.csv
             tables[name] = glance_table(read_results(RESULTS_DIR / name.split(":", 1)[1] / "results.csv"))
+        elif name.startswith("gains:"):  # every variant's gain over its start, docs/results/DIR/results.csv
+            from .report_tables import gains_table
+
+            tables[name] = gains_table(read_results(RESULTS_DIR / name.split(":", 1)[1] / "results.csv"))
+        elif name.startswith(("noise:", "aa:")):  # docs/results/data/noise_NAME.json, aa_NAME.json
+            kind, label = name.split(":", 1)
+            tables[name] = instrument_table(kind, RESULTS_DIR / "data" / f"{kind}_{label}.json")
         elif name.startswith("table:"):
             tables[name] = ablation_tables(rows, name.split(":", 1)[1])
         elif name.startswith("pairs:") and name.count(":") == 2:
@@ -476,7 +502,7 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str]) -> dict[str, st
             tables[name] = paired_against(rows, ablation, base)
         else:
             raise ValueError(f"unknown generated block {name!r} (claims, glance, table:ABLATION, "
-                             "pairs:ABLATION:VARIANT or glance:DIR)")
+                             "pairs:ABLATION:VARIANT, glance:DIR, gains:DIR, noise:NAME or aa:NAME)")
     return tables
 
 

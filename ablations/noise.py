@@ -31,8 +31,8 @@ has (for example ``late_sampled_accuracy``, the mean over the run's last evaluat
 with ``--row-quantity``: their paired sd and detectable size, without the split.
 
 Writes ``--json FILE`` (every run's draws, the budget and the provenance of the code that
-measured it) and, with ``--update FILE``, the ``<!-- generated:noise:LABEL -->`` block of a
-markdown file.
+measured it); saved as docs/results/data/noise_NAME.json, it fills the
+``<!-- generated:noise:NAME -->`` blocks of the docs (``python -m ablations claims DATA --update FILE``).
 """
 
 from __future__ import annotations
@@ -193,8 +193,10 @@ def measure_run(run_dir: Path, draws: int, samples_per_prompt: Sequence[int], pr
     return result
 
 
-def measure_sweep(sweep_dir: Path, draws: int, samples_per_prompt: Sequence[int], threads: int = 1) -> list[dict]:
-    """`measure_run` for every finished run of the sweep, with its variant and seed."""
+def measure_sweep(sweep_dir: Path, draws: int, samples_per_prompt: Sequence[int], threads: int = 1,
+                  variants: Sequence[str] | None = None) -> list[dict]:
+    """`measure_run` for every finished run of the sweep (of `variants` only, when given), with
+    its variant and seed."""
     import torch
     from tqdm.auto import tqdm
 
@@ -202,6 +204,11 @@ def measure_sweep(sweep_dir: Path, draws: int, samples_per_prompt: Sequence[int]
 
     torch.set_num_threads(threads)
     rows = [row for row in collect_runs(sweep_dir) if row["status"] == "ok"]
+    if variants:
+        missing = sorted(set(variants) - {row["variant"] for row in rows})
+        if missing:
+            raise ValueError(f"{sweep_dir}: no finished run of variant(s) {', '.join(missing)}")
+        rows = [row for row in rows if row["variant"] in variants]
     if not rows:
         raise ValueError(f"{sweep_dir}: no finished run to measure")
     measured = []
@@ -269,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--draws", type=int, default=4, help="evaluations of each final policy (>= 2)")
     parser.add_argument("--samples-per-prompt", default="1,16",
                         help="comma-separated precisions to measure: draws per held-out problem (default 1,16)")
+    parser.add_argument("--variants", nargs="+", default=None, help="measure only these variants (default: all)")
     parser.add_argument("--base", default=None, help="the variant the others are paired with (default: the "
                         "sweep's first variant in sorted order)")
     parser.add_argument("--seeds", type=int, default=5, help="report the smallest difference this many seeds detect")
@@ -278,8 +286,6 @@ def main(argv: list[str] | None = None) -> int:
                         help="a results.csv column to add, unsplit (e.g. late_sampled_accuracy); repeatable")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--json", default=None, help="write the draws and the budget here")
-    parser.add_argument("--update", default=None, help="rewrite the generated:noise:LABEL block of this markdown file")
-    parser.add_argument("--label", default=None, help="block label for --update (default: the sweep's name)")
     args = parser.parse_args(argv)
     sweep_dir = Path(args.sweep_dir)
     if not sweep_dir.is_dir():
@@ -298,7 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         print("noise: --samples-per-prompt: at least one positive integer", file=sys.stderr)
         return 2
     try:
-        measured = measure_sweep(sweep_dir, args.draws, precisions, threads=args.threads)
+        measured = measure_sweep(sweep_dir, args.draws, precisions, threads=args.threads, variants=args.variants)
     except (ValueError, FileNotFoundError) as error:
         print(f"noise: {error}", file=sys.stderr)
         return 1
@@ -319,13 +325,6 @@ def main(argv: list[str] | None = None) -> int:
             "draws": args.draws, "samples_per_prompt": precisions, "measured_with": dict(zip(("commit", "dirty"), source_version())),
             "runs": measured, "table": table}, indent=1, default=float) + "\n")
         print(f"\nwrote {args.json}")
-    if args.update:
-        from .doc_blocks import replace_block
-
-        label = f"noise:{args.label or sweep_dir.name}"
-        path = Path(args.update)
-        path.write_text(replace_block(path.read_text(), label, text + "\n"))
-        print(f"updated the {label} block of {path}")
     return 0
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .report_plots import SMOOTHING_WINDOW, Curve, _plot_ablation, _runs_for_plots, moving_average, seed_curve
-from .report_tables import _ablation_table, _by_ablation, _paired_table, format_table, verdict
+from .report_tables import _ablation_table, _by_ablation, _paired_table, format_table, gain_lines, verdict
 from .run_results import (DEFAULT_METRIC, RUN_COLUMNS, SEED_DIR, TAIL_COLUMNS, TAIL_FRACTION_DENOMINATOR,
                           TEXT_COLUMNS, WHOLE_RUN_SUFFIX, AblationSpec, ablation_spec, collect_runs, read_metrics,
                           run_mean, series, tail_mean)
@@ -183,6 +183,9 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None, allow
         paired = _paired_table([p for p in pairs if p["ablation"] == ablation], spec.metric)
         if paired:
             lines += ["", paired]
+        gains = gain_lines(rows, ablation)
+        if gains:
+            lines += ["", gains]
         for kind in ("failed", "incomplete"):
             listed = _run_list(ablation_entries, kind)
             if listed:

@@ -137,6 +137,30 @@ def gain_lines(rows: Sequence[dict], ablation: str) -> str:
             "mean ± 95% interval over seeds):\n" + "\n".join(lines))
 
 
+def gains_table(rows: Sequence[dict]) -> str:
+    """Each variant's gain over its start (final, and the mean of the late evaluations, minus the
+    initial held-out sampled accuracy), with 95% intervals, how many seeds gained, and the verdict."""
+    late = {}
+    for row in rows:
+        if row["status"] == "ok":
+            start, end = late.setdefault((row["ablation"], row["variant"]), ({}, {}))
+            start[row["seed"]] = row["initial_sampled_accuracy"]
+            end[row["seed"]] = row.get("late_sampled_accuracy", float("nan"))
+    lines = ["| ablation | variant | seeds | start | final | gain (95% CI) | seeds gaining | late gain (95% CI) | verdict |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for (ablation, variant), entry in gain_over_start(rows).items():
+        ok = [row for row in rows if row["status"] == "ok" and (row["ablation"], row["variant"]) == (ablation, variant)]
+        start = np.mean([float(row["initial_sampled_accuracy"]) for row in ok])
+        final = np.mean([float(row["final_sampled_accuracy"]) for row in ok])
+        gaining = sum(float(row["final_sampled_accuracy"]) > float(row["initial_sampled_accuracy"]) for row in ok)
+        late_entry = paired_difference(*late[(ablation, variant)])
+        word = ("gains" if entry["mean"] > 0 else "falls") if entry["separated"] else verdict(entry, "acc")
+        lines.append(f"| {ablation} | {variant} | {entry['n']} | {_fmt(start, 'acc')} | {_fmt(final, 'acc')} "
+                     f"| {_fmt(entry['mean'], 'signed')} ± {_fmt(entry['ci'], 'acc')} | {gaining} of {len(ok)} "
+                     f"| {_fmt(late_entry['mean'], 'signed')} ± {_fmt(late_entry['ci'], 'acc')} | {word} |")
+    return "\n".join(lines)
+
+
 def _by_ablation(entries: Sequence[dict]) -> dict[str, list[dict]]:
     grouped: dict[str, list[dict]] = {}
     for entry in entries:

@@ -467,7 +467,7 @@ def instrument_table(kind: str, path: Path) -> str:
     if kind == "noise":
         from .noise import markdown
 
-        return markdown(data["table"], data["seeds"], data["target"])
+        return markdown(data["table"], data["seeds"], data["target"], data.get("cost"))
     from .aa import markdown
 
     return markdown(data["result"])

@@ -41,6 +41,7 @@ import argparse
 import json
 import math
 import sys
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -174,13 +175,15 @@ def measure_run(run_dir: Path, draws: int, samples_per_prompt: Sequence[int], pr
     max_prompt_length = resolve_max_prompt_length(policy, config.max_prompt_length, config.response_length)
     result: dict[str, dict[str, list[float]]] = {}
     for k in samples_per_prompt:
-        per_k = result.setdefault(str(k), {name: [] for name in QUANTITIES})
+        per_k = result.setdefault(str(k), {**{name: [] for name in QUANTITIES}, "eval_seconds": []})
         for draw in range(draws):
             seed = draw_seed(config.seed, draw)
+            start = time.perf_counter()
             metrics = evaluate(policy, tokenizer, task, config.response_length, seed=seed, problems=problems,
                                samples_per_prompt=k, batch_size=config.eval_batch_size,
                                max_prompt_length=max_prompt_length, prompt_truncation=config.prompt_truncation,
                                nonfinite_rewards=config.nonfinite_rewards)
+            per_k["eval_seconds"].append(time.perf_counter() - start)  # what a run's evaluation costs
             per_k["sampled_accuracy"].append(metrics["sampled_accuracy"])
             per_k["response_length"].append(metrics["sampled_length"])
             with torch.no_grad():
@@ -249,9 +252,19 @@ def _fmt(value, digits: int = 3) -> str:
     return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
 
 
-def markdown(table: list[dict], seeds: int, target: float, header: str = "") -> str:
-    """The budget as a markdown table (one row per quantity and precision)."""
-    lines = [header] if header else []
+def evaluation_cost(measured: list[dict]) -> dict[str, float]:
+    """Mean seconds of one evaluation (greedy and sampled) at each precision, over every draw."""
+    seconds: dict[str, list[float]] = {}
+    for run in measured:
+        for k, values in run["draws"].items():
+            seconds.setdefault(k, []).extend(values.get("eval_seconds", []))
+    return {k: float(np.mean(v)) for k, v in sorted(seconds.items(), key=lambda item: int(item[0])) if v}
+
+
+def markdown(table: list[dict], seeds: int, target: float, cost: dict[str, float] | None = None) -> str:
+    """The budget as a markdown table (one row per quantity and precision), and what an
+    evaluation cost at each precision when `cost` is given."""
+    lines = []
     lines += [f"| quantity | draws per problem | evaluation sd | training sd | evaluation share "
               f"| paired sd (shared draws) | paired sd (independent draws) | detectable at {seeds} seeds "
               f"| seeds for {target:g} |",
@@ -266,6 +279,12 @@ def markdown(table: list[dict], seeds: int, target: float, header: str = "") -> 
             _fmt(entry["detectable"], digits),
             _fmt(entry["seeds_for_target"]) if entry["quantity"] not in ("true_kl", "response_length") else "-",
         ]) + " |")
+    if cost and len(cost) > 1:
+        low, high = min(cost, key=int), max(cost, key=int)
+        lines += ["", f"One evaluation of a final policy (greedy and sampled, {high} draws per problem) took "
+                      f"{cost[high] / cost[low]:.1f} times as long as with {low} draw"
+                      f"{'s' if int(low) > 1 else ''} ({cost[high]:.1f} s against {cost[low]:.1f} s, "
+                      "timed side by side in one process)."]
     return "\n".join(lines)
 
 
@@ -314,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"noise: --base {base!r} is not a variant of the sweep ({', '.join(variants)})", file=sys.stderr)
         return 2
     table = noise_table(measured, base, args.seeds, args.target, args.row_quantity)
-    text = markdown(table, args.seeds, args.target)
+    cost = evaluation_cost(measured)
+    text = markdown(table, args.seeds, args.target, cost)
     print(text)
     if args.json:
         from ppo.provenance import source_version
@@ -323,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.json).write_text(json.dumps({
             "sweep": str(sweep_dir), "base": base, "variants": variants, "seeds": args.seeds, "target": args.target,
             "draws": args.draws, "samples_per_prompt": precisions, "measured_with": dict(zip(("commit", "dirty"), source_version())),
-            "runs": measured, "table": table}, indent=1, default=float) + "\n")
+            "runs": measured, "table": table, "cost": cost}, indent=1, default=float) + "\n")
         print(f"\nwrote {args.json}")
     return 0
 

@@ -214,3 +214,42 @@ def test_gain_over_start_verdict_lines():
     text = gain_lines(rows, "quick")
     assert "- ppo: +0.103" in text and "separated: gains over its start" in text
     assert "- grpo:" in text and "no difference detected" in text
+
+
+def test_noise_command_end_to_end_on_a_small_sweep(tmp_path, tiny_model_dir, capsys):
+    """`python -m ablations noise` re-evaluates each run's final policy and writes the budget;
+    the claims updater then regenerates the same table from the saved JSON."""
+    import json
+    import shutil
+
+    from ablations import claims
+    from ablations.__main__ import main
+    from ppo.config import PPOConfig
+
+    sweep = tmp_path / "sweep"
+    for variant in ("a", "b"):
+        for seed in (1, 2, 3):
+            run = sweep / "toy" / variant / f"seed{seed}"
+            policy = run / "checkpoints" / "step_000001" / "policy"
+            shutil.copytree(tiny_model_dir, policy)
+            PPOConfig(model_path=str(tiny_model_dir), total_steps=1, seed=seed, eval_size=6, response_length=8,
+                      eval_batch_size=64).to_yaml(run / "config.yaml")
+            (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "eval_sampled_accuracy": 0.1}) + "\n")
+            (run / "summary.json").write_text(json.dumps({"steps": 1, "initial_eval": {"sampled_accuracy": 0.1},
+                                                          "final_eval": {"sampled_accuracy": 0.1}}))
+    out = tmp_path / "noise_toy.json"
+    assert main(["noise", str(sweep), "--draws", "2", "--samples-per-prompt", "1,4", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    assert [(e["quantity"], e["samples_per_prompt"]) for e in data["table"]] == [
+        (q, k) for q in ("sampled_accuracy", "true_kl", "response_length") for k in (1, 4)]
+    run = data["runs"][0]
+    assert len(run["draws"]["4"]["sampled_accuracy"]) == 2 and len(run["draws"]["1"]["eval_seconds"]) == 2
+    # the policy is the reference here: its true KL is zero on every draw
+    assert all(abs(v) < 1e-6 for r in data["runs"] for v in r["draws"]["4"]["true_kl"])
+    # arms with identical weights and shared draws differ by nothing in a pair
+    accuracy = next(e for e in data["table"] if e["quantity"] == "sampled_accuracy" and e["samples_per_prompt"] == 4)
+    assert accuracy["paired_sd"] == 0.0 and accuracy["runs"] == 6
+    assert claims.instrument_table("noise", out) in printed
+    assert main(["noise", str(sweep), "--draws", "1"]) == 2
+    assert main(["noise", str(tmp_path / "nowhere")]) == 2

@@ -477,7 +477,8 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str]) -> dict[str, st
     """What each named block must hold: ``claims``, ``glance``, ``table:ABLATION``,
     ``pairs:ABLATION:VARIANT`` (every other variant paired against VARIANT),
     ``glance:DIR`` (the at-a-glance lines of the sweep committed in docs/results/DIR/),
-    ``gains:DIR`` (each variant's gain over its start in that sweep), ``noise:NAME`` and
+    ``gains:DIR`` (each variant's gain over its start in that sweep), ``starts:DIR`` (the spread
+    of its runs' start evaluations), ``noise:NAME`` and
     ``aa:NAME`` (the noise budget and A/A check saved in docs/results/data/noise_NAME.json,
     aa_NAME.json)."""
     tables = {}
@@ -492,6 +493,10 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str]) -> dict[str, st
             from .report_tables import gains_table
 
             tables[name] = gains_table(read_results(RESULTS_DIR / name.split(":", 1)[1] / "results.csv"))
+        elif name.startswith("starts:"):  # the warm start's evaluation spread over a sweep's seeds
+            from .report_tables import starts_table
+
+            tables[name] = starts_table(read_results(RESULTS_DIR / name.split(":", 1)[1] / "results.csv"))
         elif name.startswith(("noise:", "aa:")):  # docs/results/data/noise_NAME.json, aa_NAME.json
             kind, label = name.split(":", 1)
             tables[name] = instrument_table(kind, RESULTS_DIR / "data" / f"{kind}_{label}.json")
@@ -502,7 +507,7 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str]) -> dict[str, st
             tables[name] = paired_against(rows, ablation, base)
         else:
             raise ValueError(f"unknown generated block {name!r} (claims, glance, table:ABLATION, "
-                             "pairs:ABLATION:VARIANT, glance:DIR, gains:DIR, noise:NAME or aa:NAME)")
+                             "pairs:ABLATION:VARIANT, glance:DIR, gains:DIR, starts:DIR, noise:NAME or aa:NAME)")
     return tables
 
 

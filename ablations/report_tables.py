@@ -161,6 +161,19 @@ def gains_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+def starts_table(rows: Sequence[dict]) -> str:
+    """The spread of the start's held-out sampled accuracy over the runs' evaluation seeds:
+    every run of a sweep evaluates the same warm start before training, each with its own
+    seed's draws, so the spread of those starts is the evaluation's own noise."""
+    starts = [float(row["initial_sampled_accuracy"]) for row in rows if row["status"] == "ok"]
+    if len(starts) < 2:
+        return "(fewer than two finished runs)"
+    warm = sorted({row.get("prov_warm_start", "") for row in rows if row["status"] == "ok"})
+    return ("| runs (evaluation seeds) | warm start | mean | sd | min | max |\n|---|---|---|---|---|---|\n"
+            f"| {len(starts)} | {', '.join(w or '?' for w in warm)} | {np.mean(starts):.4f} | "
+            f"{np.std(starts, ddof=1):.4f} | {min(starts):.4f} | {max(starts):.4f} |")
+
+
 def _by_ablation(entries: Sequence[dict]) -> dict[str, list[dict]]:
     grouped: dict[str, list[dict]] = {}
     for entry in entries:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from ppo.config import PPOConfig
 
-from .sweep_plan import REUSE_IGNORED_FIELDS, RESUME_IGNORED_FIELDS, RunOutcome, RunSpec, config_fingerprint
+from .sweep_plan import (REUSE_IGNORED_FIELDS, RESUME_IGNORED_FIELDS, RunOutcome, RunSpec, complete_summary,
+                         config_fingerprint)
 
 # Written into a run directory whose outputs were copied from an identical run.
 REUSED_FROM = "reused_from.txt"
@@ -66,11 +67,9 @@ def completed_runs_by_fingerprint(sweep_dir: Path) -> dict[str, Path]:
     index: dict[str, Path] = {}
     for summary in sorted(Path(sweep_dir).glob("*/*/seed*/summary.json")):
         run_dir = summary.parent
-        try:
-            config = PPOConfig.from_yaml(run_dir / "config.yaml")
-        except (ValueError, TypeError, OSError):
+        if complete_summary(run_dir) is None:  # a damaged summary, or a run stopped early: never copied
             continue
-        index.setdefault(config_fingerprint(config), run_dir)
+        index.setdefault(config_fingerprint(PPOConfig.from_yaml(run_dir / "config.yaml")), run_dir)
     return index
 
 

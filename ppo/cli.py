@@ -116,6 +116,9 @@ def stored_settings(saved: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .launcher_watch import watch_launcher
+
+    watch_launcher()  # first: a launcher killed while this worker loads must still end it
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.resume and args.restart:

@@ -36,12 +36,24 @@ def _has_resumable_checkpoint(spec: RunSpec) -> bool:
     return config_fingerprint(previous, RESUME_IGNORED_FIELDS) == config_fingerprint(spec.config, RESUME_IGNORED_FIELDS)
 
 
+def check_inside_sweep(spec: RunSpec) -> None:
+    """Refuse a run directory that leads out of its sweep through a symbolic link (the sweep
+    clears a run's leftovers, and would clear whatever the link points to)."""
+    sweep_dir = spec.run_dir.parents[2]
+    expected = Path(os.path.realpath(sweep_dir), spec.ablation, spec.variant, f"seed{spec.seed}")
+    real = Path(os.path.realpath(spec.run_dir))
+    if real != expected:
+        raise OSError(f"{spec.run_dir}: leads to {real} through a symbolic link; the sweep clears and writes only "
+                      "its own folders, so this run is left alone. Replace the link with a folder")
+
+
 def prepare_run_dir(spec: RunSpec) -> bool:
     """Make `spec.run_dir` ready for an attempt; True when the attempt should ``--resume``.
 
     Leftovers of an earlier attempt are cleared (the trainer refuses to start over an
     existing metrics.jsonl), except stdout.log, which is appended to across attempts.
     """
+    check_inside_sweep(spec)
     resume = spec.run_dir.is_dir() and _has_resumable_checkpoint(spec)
     if spec.run_dir.is_dir() and not resume:
         for entry in spec.run_dir.iterdir():

@@ -118,6 +118,20 @@ def test_a_run_is_complete_only_with_a_valid_summary_of_its_planned_steps(tmp_pa
     assert json.loads((sweep / "sweep.json").read_text())["steps"] == steps
 
 
+def test_a_variant_folder_that_links_out_of_the_sweep_is_left_alone(tmp_path, fake_launch):
+    """sweep/toy/a/seed1 -> the user's folder: the runner would clear it before training."""
+    sweep = tmp_path / "sweep"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "precious.txt").write_text("keep")
+    (sweep / "toy" / "a").mkdir(parents=True)
+    (sweep / "toy" / "a" / "seed1").symlink_to(mine)
+    result = run_sweep([tiny_ablation(tmp_path)], sweep, seeds=1, workers=1, progress=False)
+    assert [o.spec.label for o in result.failed] == ["toy/a/seed1"]
+    assert "leads to" in result.failed[0].error and "through a symbolic link" in result.failed[0].error
+    assert [p.name for p in mine.iterdir()] == ["precious.txt"] and (mine / "precious.txt").read_text() == "keep"
+
+
 def test_threads_can_be_set_for_a_shared_machine(tmp_path, fake_launch):
     sweep = tmp_path / "sweep"
     run_sweep([tiny_ablation(tmp_path)], sweep, seeds=1, workers=1, threads=1, progress=False)

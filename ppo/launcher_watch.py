@@ -55,11 +55,11 @@ def watch_launcher() -> None:
 
     A killed launcher's workers are handed to another parent. On Linux a small watcher
     process compares the worker's parent with the launcher every `LAUNCHER_POLL_SECONDS`
-    and kills the worker when they differ: a thread inside the worker could not, since a
-    worker blocked in a collective (waiting on a peer that died) holds the interpreter lock
-    and the thread never runs. Linux's parent-death signal on the worker itself is no
-    answer either: it fires when the launching *thread* ends. Elsewhere a daemon thread
-    does the same check. A worker whose launcher died before the watch began (its parent is
+    and kills the worker when they differ. It acts from outside: a thread inside the worker
+    runs only when the interpreter lets it, and a worker inside a collective whose peer had
+    just died was seen to take seconds to stop that way. Linux's parent-death signal on the
+    worker itself is no answer either: it fires when the launching *thread* ends. Elsewhere
+    a daemon thread does the same check. A worker whose launcher died before the watch began (its parent is
     already init) stops at once. Does nothing outside a launched worker; idempotent.
     """
     global _watched_launcher

@@ -211,6 +211,7 @@ def test_killing_the_launcher_ends_its_workers(tmp_path, tiny_model_dir, when):
          "--model-path", str(tiny_model_dir), "--output-dir", str(run), "--total-steps", "1000", "--save-every", "0",
          *CLI_TINY], env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
+    workers = []
     try:
         if when == "training":
             _wait_for(lambda: (run / "metrics.jsonl").exists() or launcher.poll() is not None, 180, "training")
@@ -225,10 +226,11 @@ def test_killing_the_launcher_ends_its_workers(tmp_path, tiny_model_dir, when):
         _wait_for(lambda: not any(_alive(pid) for pid in workers), 1.0, "the workers to exit within a second")
         assert not (run / "summary.json").exists()
     finally:
-        try:
-            os.killpg(launcher.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        for pid in [launcher.pid, *workers]:  # workers left by a failure: torchrun gives them their own group
+            try:
+                os.killpg(pid, signal.SIGKILL) if pid == launcher.pid else os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 # -------------------------------------------------------------------- checkpoints: disk, state, links

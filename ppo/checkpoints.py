@@ -49,6 +49,7 @@ import torch
 from value_model.model import load_value_weights
 
 from . import distributed, model_card, run_dir, sharding
+from .config import upgrade_field_names
 from .evaluation import accelerator_rng_devices
 from .lora import load_policy_weights, save_policy
 
@@ -203,11 +204,14 @@ def check_identity(trainer: RLTrainer, path: Path, info: dict, allowed: set) -> 
     if identity.get("fingerprint") == ours["fingerprint"]:
         return
     allowed = allowed | _changed_before(trainer.output_dir)
-    theirs = identity["config"]
+    try:
+        theirs = upgrade_field_names(identity["config"])  # fields renamed since it was written
+    except ValueError:
+        theirs = identity["config"]
     same = {"model_path": run_dir.same_model_path(theirs.get("model_path"), ours["config"].get("model_path"))}
-    differing = sorted(name for name in set(theirs) | set(ours["config"])
-                       if theirs.get(name) != ours["config"].get(name) and name not in allowed
-                       and not same.get(name))
+    # Fields on one side only were added or removed since it was written: not a difference of runs.
+    differing = sorted(name for name in set(theirs) & set(ours["config"])
+                       if theirs[name] != ours["config"][name] and name not in allowed and not same.get(name))
     if not differing:
         return
     listed = "; ".join(f"{name}: {theirs.get(name)!r} there, {ours['config'].get(name)!r} here"

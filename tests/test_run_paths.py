@@ -230,6 +230,20 @@ def test_a_checkpoint_of_another_run_is_refused(finished_run, tmp_path):
     assert resume(config.replace(total_steps=4), stop_after=3).step == 3
 
 
+def test_a_checkpoint_written_before_a_config_field_was_added_is_still_this_runs(finished_run, tmp_path):
+    """A field added to (or removed from) PPOConfig since the save is no difference of runs."""
+    run, config, _ = copy_run(finished_run, tmp_path)
+    folder = run / "checkpoints" / "step_000003"
+    state = json.loads((folder / "state.json").read_text())
+    identity = checkpoints.run_identity(config)
+    del identity["config"]["kl_coef"]
+    identity["config"]["a_field_since_removed"] = 1
+    state["identity"] = {**identity, "fingerprint": "written-earlier"}
+    (folder / "state.json").write_text(json.dumps(state))
+    checkpoints.write_digests(folder)
+    assert resume(config.replace(total_steps=4), stop_after=3).step == 3
+
+
 # ---------------------------------------------------------------------------- misleading messages
 def test_a_model_path_spelled_another_way_is_the_same_model(finished_run, tmp_path, tiny_model_dir, monkeypatch):
     run, config, _ = copy_run(finished_run, tmp_path)

@@ -59,7 +59,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 def _build_and_show_report(sweep_dir: Path, allow_mixed: bool = False) -> int:
     """Build results.csv, report.md and plots/; print the tables, what they pool, and where the files are."""
-    from .report import build_report, collect_runs, format_table, pooled_provenance
+    from .report import build_report, collect_runs, format_table, missing_planned_runs, pooled_provenance
 
     try:
         report_path = Path(build_report(sweep_dir, allow_mixed=allow_mixed))
@@ -67,6 +67,9 @@ def _build_and_show_report(sweep_dir: Path, allow_mixed: bool = False) -> int:
         print(f"report: {error}", file=sys.stderr)
         return 1
     print(format_table(sweep_dir))
+    missing = missing_planned_runs(sweep_dir, collect_runs(sweep_dir))
+    if missing:
+        print(f"\nplanned runs not started ({len(missing)}): {', '.join(missing)}")
     print("\n" + pooled_provenance(collect_runs(sweep_dir), allow_mixed))
     print(f"\nreport: {report_path}")
     print(f"plots:  {report_path.parent / 'plots'}")

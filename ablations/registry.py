@@ -11,10 +11,41 @@ change. ``python -m ablations list`` prints them all.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from ppo.config import PPOConfig, preset
 from ppo.presets import PRESETS
+
+
+# The report's own folder in a sweep directory: no ablation may be called so.
+RESERVED_NAMES = ("plots",)
+
+
+def check_name(kind: str, name) -> str:
+    """`name` if it can be one folder of a sweep directory, else ValueError naming it.
+
+    Ablation and variant names become folders (``SWEEP/<ablation>/<variant>/seed<k>``), so a
+    separator, ``..``, an absolute name or a leading dot would put a run elsewhere (and its
+    preparation would clear whatever is there) or hide it.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"{kind} name {name!r}: must be a non-empty string")
+    separators = [c for c in {"/", "\\", os.sep, "\0"} if c in name]
+    if separators:
+        why = f"contains {separators[0]!r}"
+    elif name.startswith("."):
+        why = "starts with '.'"
+    elif name != name.strip():
+        why = "has leading or trailing spaces"
+    elif len(name) > 200:
+        why = "is longer than 200 characters"
+    elif kind == "ablation" and name in RESERVED_NAMES:
+        why = "is the report's plots/ folder"
+    else:
+        return name
+    raise ValueError(f"{kind} name {name!r}: {why}; a name is one folder of the sweep directory, never a path "
+                     "(use letters, digits, '_' and '-')")
 
 
 @dataclass(frozen=True)
@@ -31,6 +62,9 @@ class Variant:
     overrides: dict = field(default_factory=dict, hash=False)
     seed_offset: int = 0
 
+    def __post_init__(self):
+        check_name("variant", self.name)
+
 
 @dataclass(frozen=True)
 class Ablation:
@@ -40,6 +74,11 @@ class Ablation:
     metric: str
     extra_metrics: tuple[str, ...] = ()
     steps: int | None = None  # None: the preset's testbed value
+
+    def __post_init__(self):
+        check_name("ablation", self.name)
+        for variant in self.variants:
+            check_name(f"ablation {self.name!r}: variant", getattr(variant, "name", variant))
 
     def config(self, variant: Variant, seed: int, output_dir: str, steps: int | None = None) -> PPOConfig:
         """The full config of one run of `variant`."""
@@ -62,6 +101,7 @@ ABLATIONS: dict[str, Ablation] = {}
 
 def register(name: str, question: str, variants: list[Variant], metric: str,
              extra_metrics: tuple[str, ...] = (), steps: int | None = None) -> Ablation:
+    check_name("ablation", name)
     if name in ABLATIONS:
         raise ValueError(f"ablation {name!r} is already registered")
     names = [v.name for v in variants]

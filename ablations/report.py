@@ -20,6 +20,7 @@ plots in `ablations.report_plots`. This module writes them all into the sweep di
 from __future__ import annotations
 
 import csv
+import json
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -27,8 +28,8 @@ from typing import Sequence
 from .report_plots import SMOOTHING_WINDOW, Curve, _plot_ablation, _runs_for_plots, moving_average, seed_curve
 from .report_tables import _ablation_table, _by_ablation, _paired_table, format_table, gain_lines, verdict
 from .run_results import (DEFAULT_METRIC, RUN_COLUMNS, SEED_DIR, TAIL_COLUMNS, TAIL_FRACTION_DENOMINATOR,
-                          TEXT_COLUMNS, WHOLE_RUN_SUFFIX, AblationSpec, ablation_spec, collect_runs, read_metrics,
-                          run_mean, series, tail_mean)
+                          TEXT_COLUMNS, WHOLE_RUN_SUFFIX, AblationSpec, _run_dirs, ablation_spec, collect_runs,
+                          read_metrics, run_mean, series, tail_mean)
 from .stats import MIN_PAIRS
 from .variant_comparison import PAIRED_COLUMNS, base_variant, paired_differences, summarise
 
@@ -116,6 +117,68 @@ def pooled_provenance(rows: Sequence[dict], allow_mixed: bool = False) -> str:
     return ("MIXED PROVENANCE (pooled with --allow-mixed). " + line) if mixed else line
 
 
+class NotASweepError(ValueError):
+    """A directory the report refuses: empty, a single run's directory, or no sweep layout."""
+
+
+# Files at the top of a single run's directory (ppo-train), never of a sweep directory.
+RUN_DIR_MARKERS = ("run_files.txt", "metrics.jsonl", "config.yaml", "checkpoints")
+
+
+def check_sweep_dir(sweep_dir: Path) -> None:
+    """Refuse a directory that is not a sweep (before the report writes anything into it).
+
+    A sweep directory holds ``sweep.json`` (written by ``python -m ablations run``) or at
+    least one ``<ablation>/<variant>/seed<k>/`` run; a single run's directory is named as such.
+    """
+    if not sweep_dir.is_dir():
+        raise FileNotFoundError(f"{sweep_dir}: no such sweep directory")
+    markers = [name for name in RUN_DIR_MARKERS if (sweep_dir / name).exists()]
+    if markers:
+        above = sweep_dir.resolve().parents[2] if SEED_DIR.match(sweep_dir.name) else None
+        raise NotASweepError(
+            f"{sweep_dir}: a single run's directory (it holds {', '.join(markers)}), not a sweep; nothing was "
+            "written. Point the report at the sweep directory that holds <ablation>/<variant>/seed<k>/ folders"
+            + (f" ({above}?)" if above is not None else " (the --out of python -m ablations run)"))
+    if not (sweep_dir / "sweep.json").is_file() and not any(True for _ in _run_dirs(sweep_dir)):
+        present = sorted(p.name for p in sweep_dir.iterdir())
+        held = f"it holds {', '.join(present[:6])}" if present else "it is empty"
+        raise NotASweepError(
+            f"{sweep_dir}: not a sweep directory ({held}: no sweep.json and no <ablation>/<variant>/seed<k>/ run); "
+            "nothing was written. Run a sweep there first (python -m ablations run NAME --out DIR), or point the "
+            "report at an existing sweep")
+
+
+def missing_planned_runs(sweep_dir: Path, rows: Sequence[dict]) -> list[str]:
+    """``ablation/variant/seed<k>`` for each run ``sweep.json`` plans that has no directory yet.
+
+    The plan is the recorded ablations x their variants (the registry's, for sweeps recorded
+    before sweep.json listed variants) x seeds 1..seeds; a name that is not a plain folder
+    name is refused, as where it is registered.
+    """
+    try:
+        plan = json.loads((sweep_dir / "sweep.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(plan, dict) or type(plan.get("seeds")) is not int:
+        return []
+    from .registry import ABLATIONS, check_name
+
+    recorded = plan.get("variants") if isinstance(plan.get("variants"), dict) else {}
+    present = {(r["ablation"], r["variant"], r["seed"]) for r in rows}
+    missing = []
+    for ablation in plan.get("ablations", []):
+        check_name("sweep.json: ablation", ablation)
+        variants = recorded.get(ablation)
+        if variants is None and ablation in ABLATIONS:
+            variants = [v.name for v in ABLATIONS[ablation].variants]
+        for variant in variants or []:
+            check_name(f"sweep.json: ablation {ablation!r}: variant", variant)
+            missing += [f"{ablation}/{variant}/seed{seed}" for seed in range(1, plan["seeds"] + 1)
+                        if (ablation, variant, seed) not in present]
+    return missing
+
+
 def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None, allow_mixed: bool = False) -> Path:
     """Write ``results.csv``, ``summary.csv``, ``report.md`` and ``plots/*.png``; return report.md's path.
 
@@ -126,10 +189,11 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None, allow
     sweep_dir = Path(sweep_dir)
     out_dir = Path(out_dir) if out_dir is not None else sweep_dir
     plot_dir = out_dir / "plots"
-    plot_dir.mkdir(parents=True, exist_ok=True)
-
+    check_sweep_dir(sweep_dir)  # before anything is written there
     rows = collect_runs(sweep_dir)
     provenance_line = pooled_provenance(rows, allow_mixed)
+    missing = missing_planned_runs(sweep_dir, rows)
+    plot_dir.mkdir(parents=True, exist_ok=True)
     entries = summarise(rows)
     pairs = paired_differences(rows)
     _write_csv(out_dir / "results.csv", rows, RUN_COLUMNS)
@@ -166,6 +230,9 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None, allow
     ]
     if not rows:
         lines += ["", "No run directories (`<ablation>/<variant>/seed<k>/`) found."]
+    if missing:
+        lines += ["", f"**Planned runs not started ({len(missing)}; `sweep.json` plans them, no directory "
+                  "exists; rerun the sweep's command to run them):** " + "; ".join(f"`{m}`" for m in missing)]
     reused = [r for r in rows if r.get("reused_from")]
     if reused:
         lines += ["", f"{len(reused)} runs had a config identical to another run's (same seed, every "

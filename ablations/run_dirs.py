@@ -16,7 +16,8 @@ from pathlib import Path
 
 from ppo.config import PPOConfig
 
-from .sweep_plan import REUSE_IGNORED_FIELDS, RESUME_IGNORED_FIELDS, RunOutcome, RunSpec, config_fingerprint
+from .sweep_plan import (REUSE_IGNORED_FIELDS, RESUME_IGNORED_FIELDS, RunOutcome, RunSpec, complete_summary,
+                         config_fingerprint)
 
 # Written into a run directory whose outputs were copied from an identical run.
 REUSED_FROM = "reused_from.txt"
@@ -35,12 +36,24 @@ def _has_resumable_checkpoint(spec: RunSpec) -> bool:
     return config_fingerprint(previous, RESUME_IGNORED_FIELDS) == config_fingerprint(spec.config, RESUME_IGNORED_FIELDS)
 
 
+def check_inside_sweep(spec: RunSpec) -> None:
+    """Refuse a run directory that leads out of its sweep through a symbolic link (the sweep
+    clears a run's leftovers, and would clear whatever the link points to)."""
+    sweep_dir = spec.run_dir.parents[2]
+    expected = Path(os.path.realpath(sweep_dir), spec.ablation, spec.variant, f"seed{spec.seed}")
+    real = Path(os.path.realpath(spec.run_dir))
+    if real != expected:
+        raise OSError(f"{spec.run_dir}: leads to {real} through a symbolic link; the sweep clears and writes only "
+                      "its own folders, so this run is left alone. Replace the link with a folder")
+
+
 def prepare_run_dir(spec: RunSpec) -> bool:
     """Make `spec.run_dir` ready for an attempt; True when the attempt should ``--resume``.
 
     Leftovers of an earlier attempt are cleared (the trainer refuses to start over an
     existing metrics.jsonl), except stdout.log, which is appended to across attempts.
     """
+    check_inside_sweep(spec)
     resume = spec.run_dir.is_dir() and _has_resumable_checkpoint(spec)
     if spec.run_dir.is_dir() and not resume:
         for entry in spec.run_dir.iterdir():
@@ -66,11 +79,9 @@ def completed_runs_by_fingerprint(sweep_dir: Path) -> dict[str, Path]:
     index: dict[str, Path] = {}
     for summary in sorted(Path(sweep_dir).glob("*/*/seed*/summary.json")):
         run_dir = summary.parent
-        try:
-            config = PPOConfig.from_yaml(run_dir / "config.yaml")
-        except (ValueError, TypeError, OSError):
+        if complete_summary(run_dir) is None:  # a damaged summary, or a run stopped early: never copied
             continue
-        index.setdefault(config_fingerprint(config), run_dir)
+        index.setdefault(config_fingerprint(PPOConfig.from_yaml(run_dir / "config.yaml")), run_dir)
     return index
 
 

@@ -264,7 +264,12 @@ def _run_row(sweep_dir: Path, ablation: str, variant: str, seed: int, run_dir: P
     steps = max((int(r["step"]) for r in rows), default=0)
 
     summary_steps = _as_float(summary.get("steps"))
-    complete = bool(summary) and (math.isnan(total_steps) or summary_steps >= total_steps)
+    # The runner's rule (ablations.sweep_plan.complete_summary): a summary of the planned steps
+    # with a final evaluation; a summary.json that is truncated, empty or not an object is none.
+    complete = (isinstance(summary.get("final_eval"), dict) and not math.isnan(summary_steps)
+                and (math.isnan(total_steps) or summary_steps >= total_steps))
+    if complete:
+        steps = int(summary_steps)  # the steps the run really ran
     # A complete summary wins over a stale error.txt: the training itself finished.
     status = "ok" if complete else ("failed" if error_path.is_file() else "incomplete")
 

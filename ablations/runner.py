@@ -19,7 +19,9 @@ below is decided here, in the driver, once for all backends.
 
 Rerunning the same command continues a sweep:
 
-- a run whose directory holds ``summary.json`` is complete and is skipped;
+- a run whose ``summary.json`` records the planned steps under the planned config is
+  complete and is skipped (`ablations.sweep_plan.complete_summary`); a truncated or empty
+  summary, or a run of another ``--steps`` or config, is incomplete and runs again;
 - a run that failed (``error.txt``) or was interrupted is redone. If its directory holds a
   complete checkpoint written under the same config (``threads``, ``progress`` and the
   spelling of ``output_dir`` aside, which do not change the algorithm), it continues with
@@ -208,19 +210,26 @@ def _command_line() -> str:
 
 
 def _write_sweep_json(sweep_dir: Path, names: list[str], seeds: int, steps: int | None, workers: int | None,
-                      backend: dict, compile_forward: bool = False, report_to: list[str] | None = None) -> None:
-    """Record what was asked for; ablations accumulate so one dir can hold several sweeps."""
+                      backend: dict, compile_forward: bool = False, report_to: list[str] | None = None,
+                      variants: dict[str, list[str]] | None = None) -> None:
+    """Record what was asked for; ablations (and each one's variants) accumulate so one dir can
+    hold several sweeps. The report lists the planned runs it finds no directory for."""
     path = sweep_dir / "sweep.json"
     previous = {}
     if path.is_file():
         try:
             previous = json.loads(path.read_text())
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, UnicodeDecodeError):
             previous = {}
-    ablations = list(previous.get("ablations", []))
+    previous = previous if isinstance(previous, dict) else {}
+    ablations = [name for name in previous.get("ablations", []) if isinstance(name, str)]
     ablations += [name for name in names if name not in ablations]
+    planned = previous.get("variants") if isinstance(previous.get("variants"), dict) else {}
+    for name, chosen in (variants or {}).items():
+        planned[name] = list(dict.fromkeys([*planned.get(name, []), *chosen]))
     record = {
         "ablations": ablations,
+        "variants": planned,
         "seeds": seeds,
         "steps": steps,
         "workers": workers,
@@ -292,7 +301,8 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
         spec.config = tracked_config(spec, sweep_dir.name, report_to)
         spec.config = sweep_config(spec.config, threads, compile_forward)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    _write_sweep_json(sweep_dir, names, seeds, steps, workers, backend.describe(), compile_forward, report_to)
+    _write_sweep_json(sweep_dir, names, seeds, steps, workers, backend.describe(), compile_forward, report_to,
+                      {a.name: [v.name for v in a.variants] for a in ablations})
 
     result = SweepResult(sweep_dir)
     pending = []

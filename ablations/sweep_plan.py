@@ -49,8 +49,9 @@ class RunSpec:
 
     @property
     def complete(self) -> bool:
-        """The trainer writes summary.json last, so its presence means the run finished."""
-        return (self.run_dir / "summary.json").is_file()
+        """Whether the run finished as planned: a valid summary of this config's steps
+        (`complete_summary`), not merely a file called summary.json."""
+        return complete_summary(self.run_dir, self.config) is not None
 
 
 @dataclass
@@ -105,6 +106,30 @@ class SweepResult:
         return "\n".join(lines)
 
 
+def complete_summary(run_dir: Path, planned: PPOConfig | None = None) -> dict | None:
+    """The run's summary when the run in `run_dir` is complete, else None.
+
+    Complete: ``summary.json`` is a JSON object recording ``steps`` equal to the run's
+    ``total_steps`` and a final evaluation, and, given the `planned` config, the run's
+    ``config.yaml`` equals it (`RESUME_IGNORED_FIELDS` aside: threads, trackers, the spelling of
+    the directory). A truncated, empty or ``[]`` summary, a run stopped early, or one trained
+    under another ``--steps`` or config is incomplete and is run again.
+    """
+    try:
+        summary = json.loads((Path(run_dir) / "summary.json").read_text(encoding="utf-8"))
+        stored = PPOConfig.from_yaml(Path(run_dir) / "config.yaml")
+    except (OSError, ValueError, TypeError):
+        return None
+    if not isinstance(summary, dict) or not isinstance(summary.get("final_eval"), dict):
+        return None
+    if type(summary.get("steps")) is not int or summary["steps"] != stored.total_steps:
+        return None
+    if planned is not None and (config_fingerprint(stored, RESUME_IGNORED_FIELDS)
+                                != config_fingerprint(planned, RESUME_IGNORED_FIELDS)):
+        return None
+    return summary
+
+
 # ---------------------------------------------------------------------------------- planning
 def resolve_ablation(ablation: "str | Ablation") -> "Ablation":
     """A registry name or an `Ablation` object -> the `Ablation`."""
@@ -125,9 +150,13 @@ def plan_runs(ablation: "str | Ablation", seeds: int, steps: int | None, sweep_d
         raise ValueError(f"seeds must be a positive integer (got {seeds!r})")
     if steps is not None and (not isinstance(steps, int) or steps < 1):
         raise ValueError(f"steps must be a positive integer or None (got {steps!r})")
+    from .registry import check_name
+
     ablation = resolve_ablation(ablation)
+    check_name("ablation", ablation.name)  # names become folders: never a path out of the sweep
     specs = []
     for variant in ablation.variants:
+        check_name(f"ablation {ablation.name!r}: variant", variant.name)
         for seed in range(1, seeds + 1):
             run_dir = Path(sweep_dir) / ablation.name / variant.name / f"seed{seed}"
             config = ablation.config(variant, seed=seed, output_dir=str(run_dir), steps=steps)

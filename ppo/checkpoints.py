@@ -14,6 +14,13 @@ A checkpoint is a folder ``OUTPUT_DIR/checkpoints/step_NNNNNN`` holding
   the same number of processes loads; ``policy/`` and ``value/`` are then gathered whole
   models for ``from_pretrained``, and ``trainer_state.pt`` holds no optimizer state.
 
+Each checkpoint proves what it is: ``digests.json`` holds the SHA-256 of every other file in
+the folder (written last, just before the rename), and ``state.json`` the identity of the run
+that wrote it (its seed and its config, the fields a resume may change aside). `load` checks
+both: a file whose bytes changed is named and the checkpoint skipped for the previous intact
+one; a checkpoint of another run (copied in from another preset, seed or config) is refused,
+naming the fields that differ, since loading it would continue that run here.
+
 `save` writes into a temporary folder and renames it into place, so a run killed mid-write
 leaves the previous checkpoint untouched; a write that fails (a full disk) removes the
 temporary folder and stops the run naming the disk, the previous checkpoint intact. Every
@@ -27,6 +34,7 @@ directory's other files (config, metrics, resume checks) are `ppo/run_dir.py`'s.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import math
 import os
@@ -41,6 +49,7 @@ import torch
 from value_model.model import load_value_weights
 
 from . import distributed, model_card, run_dir, sharding
+from .config import upgrade_field_names
 from .evaluation import accelerator_rng_devices
 from .lora import load_policy_weights, save_policy
 
@@ -48,6 +57,11 @@ if TYPE_CHECKING:
     from .trainer import RLTrainer
 
 SHARDED = "sharded"  # the folder of a sharded run's training state (torch.distributed.checkpoint)
+DIGESTS = "digests.json"  # SHA-256 of every other file of a checkpoint, written last
+# Config fields left out of a checkpoint's identity: those a resume may always change, and
+# those that change where a run reports or how fast it goes, not what it computes.
+IDENTITY_IGNORED = run_dir.RESUMABLE_FIELDS + ("compile_forward", "retain_freed_memory", "report_to",
+                                                "tracker_project", "run_name", "run_group", "run_tags")
 
 
 def save(trainer: RLTrainer) -> Path:
@@ -127,7 +141,103 @@ def _write_main(trainer: RLTrainer, tmp: Path, whole: dict) -> None:
         "model_path": trainer.model_path, "retired_prompts": sorted(trainer.prompt_pool.retired),
         "world_size": distributed.world_size(), "sharding": "fsdp" if sharded else "none",
         "samples_generated": trainer.samples_generated,
-        "entropy_coef": trainer.entropy_control.coef, "entropy_last": trainer.entropy_control.last_entropy}))
+        "entropy_coef": trainer.entropy_control.coef, "entropy_last": trainer.entropy_control.last_entropy,
+        "identity": run_identity(trainer.config), "digests": DIGESTS}))
+
+
+def run_identity(config) -> dict:
+    """Which run a checkpoint belongs to: its seed, estimator and every config field a resume
+    cannot change without saying so (`IDENTITY_IGNORED` aside), with their fingerprint."""
+    fields = {name: value for name, value in config.to_dict().items() if name not in IDENTITY_IGNORED}
+    text = json.dumps(fields, sort_keys=True, default=str)
+    return {"fingerprint": hashlib.sha256(text.encode()).hexdigest()[:16], "seed": config.seed,
+            "advantage_estimator": config.advantage_estimator, "config": json.loads(text)}
+
+
+def write_digests(folder: Path) -> None:
+    """Record the SHA-256 of every file under `folder` in its ``digests.json``."""
+    files = sorted(f for f in folder.rglob("*") if f.is_file() and f.name != DIGESTS)
+    digests = {str(f.relative_to(folder)): file_digest(f) for f in files}
+    (folder / DIGESTS).write_text(json.dumps(digests, indent=1))
+
+
+def file_digest(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def verify_digests(folder: Path, info: dict) -> None:
+    """Raise naming the first file of `folder` whose bytes differ from those saved (or that is
+    missing). Checkpoints written before digests existed (no ``digests`` in ``state.json``)
+    are not checked."""
+    if "digests" not in info:
+        return
+    try:
+        recorded = json.loads((folder / DIGESTS).read_text())
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{folder / DIGESTS}: missing or unreadable ({error}), so the files cannot be verified")
+    if not isinstance(recorded, dict) or "state.json" not in recorded:
+        raise ValueError(f"{folder / DIGESTS}: not the digest list this project writes")
+    for name, expected in sorted(recorded.items()):
+        path = folder / name
+        if not path.is_file():
+            raise ValueError(f"{path}: missing (listed in {DIGESTS})")
+        if file_digest(path) != expected:
+            raise ValueError(f"{path}: its bytes differ from those written at the save (SHA-256 mismatch): the file "
+                             "was damaged or changed since")
+
+
+class ForeignCheckpointError(run_dir.RunDirectoryError):
+    """A checkpoint written by another run (another seed, preset or config)."""
+
+
+def check_identity(trainer: RLTrainer, path: Path, info: dict, allowed: set) -> None:
+    """Refuse a checkpoint whose run differs from this one in a field neither this resume
+    (`allowed`) nor an earlier one (``resume_history.jsonl``) allowed to change."""
+    identity = info.get("identity")
+    if not isinstance(identity, dict) or not isinstance(identity.get("config"), dict):
+        return  # written before checkpoints carried their run's identity
+    ours = run_identity(trainer.config)
+    if identity.get("fingerprint") == ours["fingerprint"]:
+        return
+    allowed = allowed | _changed_before(trainer.output_dir)
+    try:
+        theirs = upgrade_field_names(identity["config"])  # fields renamed since it was written
+    except ValueError:
+        theirs = identity["config"]
+    same = {"model_path": run_dir.same_model_path(theirs.get("model_path"), ours["config"].get("model_path"))}
+    # Fields on one side only were added or removed since it was written: not a difference of runs.
+    differing = sorted(name for name in set(theirs) & set(ours["config"])
+                       if theirs[name] != ours["config"][name] and name not in allowed and not same.get(name))
+    if not differing:
+        return
+    listed = "; ".join(f"{name}: {theirs.get(name)!r} there, {ours['config'].get(name)!r} here"
+                       for name in differing[:6]) + (f"; and {len(differing) - 6} more" if len(differing) > 6 else "")
+    raise ForeignCheckpointError(
+        f"{path}: written by another run (seed {identity.get('seed')}, {identity.get('advantage_estimator')}; this "
+        f"run: seed {trainer.config.seed}, {trainer.config.advantage_estimator}), not loaded: {listed}. Loading it "
+        "would continue that run here. Move it out of checkpoints/ (the run then resumes from its own older "
+        "checkpoints), or resume that run in its own output_dir")
+
+
+def _changed_before(output_dir: Path) -> set:
+    """Fields that earlier resumes of the run were allowed to change (``resume_history.jsonl``)."""
+    changed = set()
+    try:
+        lines = (Path(output_dir) / "resume_history.jsonl").read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return changed
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and isinstance(entry.get("changed"), dict):
+            changed |= set(entry["changed"])
+    return changed
 
 
 def _moving_reference(trainer: RLTrainer) -> bool:
@@ -142,6 +252,7 @@ def _publish(trainer: RLTrainer, tmp: Path, final: Path) -> None:
     """Rename the finished folder into place, list its files in the manifest, prune old ones
     (never a folder this run did not write: a link is refused before training starts)."""
     root = final.parent
+    write_digests(tmp)  # last: every rank's files are in
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -180,7 +291,7 @@ def disk_report(path: Path, error: Exception | None) -> str:
     return f"{what}: the disk mounted at {mount} holds the run ({free}); make room or move the run"
 
 
-def load(trainer: RLTrainer) -> bool:
+def load(trainer: RLTrainer, allow_changes=()) -> bool:
     """Restore the newest intact checkpoint into `trainer`; False when there is none.
 
     A checkpoint that cannot be read (truncated weights, a damaged ``trainer_state.pt``,
@@ -188,12 +299,15 @@ def load(trainer: RLTrainer) -> bool:
     code) is skipped with a warning for the next older one; every rank skips the same
     ones. A checkpoint loads under any number of processes that divides the batch; ranks
     that have no saved RNG state (the world size changed) start fresh streams from their
-    seed and the step, so the run continues correctly but not bit-identically.
+    seed and the step, so the run continues correctly but not bit-identically. A file whose
+    digest differs from the one saved is damage (skipped); a checkpoint of another run
+    (`check_identity`; `allow_changes` names the fields this resume may change) is refused.
     """
     skipped = []
+    allowed = {run_dir.renamed(name) if name in run_dir.RENAMED_FIELDS else name for name in allow_changes}
     for path in run_dir.checkpoint_candidates(trainer.output_dir):
         try:
-            saved, error = _read(trainer, path), None
+            saved, error = _read(trainer, path, allowed), None
         except run_dir.RunDirectoryError:
             raise
         except Exception as exc:  # any way a file fails to read means a damaged checkpoint
@@ -269,13 +383,17 @@ def _brief(value) -> str:
     return text if len(text) <= 60 else text[:60] + "..."
 
 
-def _read(trainer: RLTrainer, path: Path) -> dict:
-    """Every file of one checkpoint, read into memory (raises if any is damaged)."""
+def _read(trainer: RLTrainer, path: Path, allowed: set = frozenset()) -> dict:
+    """Every file of one checkpoint, verified and read into memory (raises if any is damaged;
+    `ForeignCheckpointError` for another run's)."""
     info = json.loads((path / "state.json").read_text())
-    check_state(info, path)
+    check_state(info, path)  # first: a value out of range is named more exactly than a changed digest
+    verify_digests(path, info)
+    check_identity(trainer, path, info, allowed)  # not damage: refused, never skipped
     sharding.check_resume_layout(info, trainer.config, path)  # not damage: refused, never skipped
-    saved = {"info": info, "step": int(info["step"]), "kl_controller": info["kl_controller"],
-             "trainer": torch.load(path / "trainer_state.pt", weights_only=True)}
+    state = torch.load(path / "trainer_state.pt", weights_only=True)
+    check_finite_state(state, path / "trainer_state.pt")
+    saved = {"info": info, "step": int(info["step"]), "kl_controller": info["kl_controller"], "trainer": state}
     check_safetensors(path / "policy")
     if trainer.value_model is not None:
         check_safetensors(path / "value")
@@ -356,4 +474,19 @@ def check_safetensors(path: Path) -> None:
     if not files:
         raise FileNotFoundError(f"{path}: no safetensors weights")
     for file in files:
-        load_file(str(file))
+        for name, tensor in load_file(str(file)).items():
+            if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+                raise ValueError(f"{file}: weight {name} holds non-finite values")
+
+
+def check_finite_state(state, file: Path) -> None:
+    """Raise naming `file` and the entry when the optimizer state holds NaN or infinity (it
+    would turn the first update's weights non-finite)."""
+    for key in ("policy_optimizer", "value_optimizer"):
+        optimizer = state.get(key) if isinstance(state, dict) else None
+        if not isinstance(optimizer, dict):
+            continue
+        for index, entry in (optimizer.get("state") or {}).items():
+            for name, value in entry.items():
+                if torch.is_tensor(value) and value.is_floating_point() and not torch.isfinite(value).all():
+                    raise ValueError(f"{file}: {key} state of parameter {index} ({name}) holds non-finite values")

@@ -116,6 +116,9 @@ def stored_settings(saved: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .launcher_watch import watch_launcher
+
+    watch_launcher()  # first: a launcher killed while this worker loads must still end it
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.resume and args.restart:
@@ -148,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
     if not main_process:  # one report per run, not one per process
         return 0
     initial, final = summary.get("initial_eval") or {}, summary["final_eval"]
+    if getattr(trainer, "already_finished", False):
+        print(f"run: {config.output_dir} finished at step {summary['steps']} before this resume: nothing to do, "
+              f"nothing changed (its summary.json is below). To train it further, resume with --total-steps above "
+              f"{summary['steps']} (recorded in resume_history.jsonl).")
     print(f"run: {config.output_dir}  steps: {summary['steps']}  samples: {summary['samples']}")
     if initial:
         print(f"held-out sampled accuracy: {initial['sampled_accuracy']:.3f} -> {final['sampled_accuracy']:.3f}  "

@@ -23,6 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import warnings
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -42,6 +43,8 @@ MAX_SEED = 2**63 - 1
 # The fields a resumed run may change: they decide how long and how visibly the run goes
 # on, never what one step computes. Any other difference between a run's config.yaml and
 # the resuming config is refused unless explicitly allowed (`resume_conflicts`).
+# More torch threads than this per CPU is a typo, not a setting (checked when a run starts).
+MAX_THREADS_PER_CPU = 8
 RESUMABLE_FIELDS = ("total_steps", "output_dir", "device", "threads", "progress", "eval_every", "save_every",
                     "keep_checkpoints", "log_samples", "retain_freed_memory", "offload_frozen_models", "report_to",
                     "tracker_project", "run_name", "run_group", "run_tags")
@@ -283,6 +286,11 @@ class PPOConfig:
         if self.offload_frozen_models and self.sharding != "fsdp":  # checked here: a launcher may switch it on
             raise ValueError("PPOConfig.offload_frozen_models: offloads the shards of sharding='fsdp'; set "
                              "sharding='fsdp' or launch with an accelerate FSDP config")
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        if self.threads > max(MAX_THREADS_PER_CPU * cpus, 64):  # torch starts them all: past the OS limit it crashes
+            raise ValueError(f"PPOConfig.threads: {self.threads} torch threads on {cpus} CPU(s); this machine cannot "
+                             f"start that many (a crash while loading the model). Use at most {cpus} (one per CPU) "
+                             "or a few more to match another machine's thread count")
         if self.value_init.startswith("reward_model") and self.uses_value_model and not self.reward_model_path:
             raise ValueError(f"PPOConfig.value_init: {self.value_init!r} needs reward_model_path (the verifiable testbed "
                              "has no reward model; use 'policy', or --testbed which does so)")

@@ -14,9 +14,9 @@ on how the batch was split lives here:
 - **Seeds.** `rank_seed` derives each rank's seed from the run's seed; rank 0 keeps the
   run's own seed, so a one-process run is exactly what it was before parallelism.
 
-- **The launcher's death ends the workers** (`watch_launcher`). ``kill -9`` of the
-  torchrun / ``accelerate launch`` process cannot stop its workers; without the watchdog they
-  would go on training as orphans and write ``summary.json`` into a run nobody watches.
+- **The launcher's death ends the workers** (`watch_launcher`, ppo/launcher_watch.py). ``kill -9``
+  of the torchrun / ``accelerate launch`` process cannot stop its workers; without the watcher
+  they would go on training as orphans and write ``summary.json`` into a run nobody watches.
 - **One accelerate state per process** (`make_accelerator`): a second trainer in the same
   process with another ``mixed_precision`` is refused with a message saying why.
 
@@ -28,46 +28,12 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
-import threading
-import time
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
-
-# Seconds between two looks at whether the launcher is still this worker's parent.
-LAUNCHER_POLL_SECONDS = 0.5
-_watched_launcher: int | None = None
-
-
-def launched_as_worker() -> bool:
-    """Whether torchrun (``accelerate launch`` runs it) started this process as one of its workers."""
-    return "TORCHELASTIC_RUN_ID" in os.environ or "LOCAL_RANK" in os.environ
-
-
-def watch_launcher() -> None:
-    """In a launched worker, exit as soon as the launcher that started it is gone.
-
-    A daemon thread compares the parent process id with the launcher's: a killed launcher's
-    workers are handed to another parent. A thread rather than Linux's parent-death signal,
-    which fires when the launching *thread* ends and is not inherited through exec by the
-    workers torchrun starts. Does nothing outside a launched worker; idempotent.
-    """
-    global _watched_launcher
-    if not launched_as_worker() or _watched_launcher is not None:
-        return
-    launcher = _watched_launcher = os.getppid()
-
-    def watch():
-        while os.getppid() == launcher:
-            time.sleep(LAUNCHER_POLL_SECONDS)
-        print(f"ppo: the launcher (process {launcher}) is gone; worker {os.getpid()} stops", file=sys.stderr,
-              flush=True)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="launcher-watchdog", daemon=True).start()
+from .launcher_watch import LAUNCHER_POLL_SECONDS, launched_as_worker, watch_launcher  # noqa: F401 (public here)
 
 
 def make_accelerator(config):

@@ -23,6 +23,12 @@ resume it with other settings. What this module guarantees, one function per cas
 - `lock_run` / `RunLock`: one writer per run directory. The trainer holds an OS lock for the
   whole of ``train``; a second start or resume fails at once naming the live process. The
   sweep runner takes the same lock and hands it to the run's process (``PPO_RUN_LOCK_FD``).
+  A directory refused before anything was written keeps no lock file beside it.
+- `resolve`: the run directory as the filesystem sees it (``realpath``), taken once at the
+  start, so a relative spelling, a trailing ``/``, ``.`` or a symbolic link to a live run all
+  name the same directory, the same lock and the same manifest. The manifest holds paths
+  relative to the run directory; `clear_outputs` removes only regular files inside it,
+  whatever an edited manifest names.
 
 Only the main process calls the functions that write; every rank may read.
 """
@@ -60,6 +66,15 @@ class RunDirectoryError(RuntimeError):
     """A run directory that cannot be resumed as asked (changed config, no intact checkpoint)."""
 
 
+def resolve(output_dir: str | Path) -> Path:
+    """`output_dir` as the filesystem sees it: absolute, symbolic links and ``..`` resolved.
+
+    Resolved once when a run starts: every later path (lock, manifest, checkpoints) derives
+    from it, so two spellings of one directory can never be two runs.
+    """
+    return Path(os.path.realpath(os.fspath(output_dir)))
+
+
 def resume_changes(output_dir: Path, config: PPOConfig, allowed: list[str] | tuple[str, ...] = ()) -> dict:
     """``{field: (stored, requested)}`` for the changes a resume makes; raises if any is not allowed.
 
@@ -85,9 +100,14 @@ def resume_changes(output_dir: Path, config: PPOConfig, allowed: list[str] | tup
     unknown = sorted(set(allowed) - set(stored.to_dict()))
     if unknown:
         raise RunDirectoryError(f"--allow-change: unknown field(s) {unknown}")
-    if "model_path" in allowed and stored.model_path != config.model_path:
-        raise RunDirectoryError("PPOConfig.model_path cannot change on resume: the checkpoint holds the weights "
-                                f"({stored.model_path!r} -> {config.model_path!r}); start a new run instead")
+    if same_model_path(stored.model_path, config.model_path):  # one directory, spelled two ways
+        stored = stored.replace(model_path=config.model_path)
+    elif stored.model_path != config.model_path:
+        raise RunDirectoryError(
+            f"{path}: PPOConfig.model_path cannot change on resume ({stored.model_path!r} in the run, "
+            f"{config.model_path!r} requested): the checkpoints hold weights trained from the run's model, and no "
+            "--allow-change can swap it. Resume with the run's model_path (or leave --model-path out), or start a "
+            "new run in another output_dir")
     conflicts = resume_conflicts(stored, config)
     refused = {name: values for name, values in conflicts.items() if name not in allowed}
     if refused:
@@ -109,6 +129,18 @@ def resume_changes(output_dir: Path, config: PPOConfig, allowed: list[str] | tup
 
 # `--allow-change all`: resume although config.yaml is missing (nothing to compare with).
 UNCHECKED = "all"
+
+
+def same_model_path(stored: str | None, requested: str | None) -> bool:
+    """Whether two spellings name one model: equal, or one existing local directory (relative
+    or absolute, with or without a trailing ``/``)."""
+    if stored == requested:
+        return True
+    if not stored or not requested:
+        return False
+    if os.path.isdir(stored) and os.path.isdir(requested):
+        return os.path.samefile(stored, requested)
+    return stored.rstrip("/") == requested.rstrip("/")
 
 
 def structure(stored: PPOConfig, requested: PPOConfig) -> dict:
@@ -155,12 +187,15 @@ def duplicate_keys(text: str) -> list[tuple[str, int, int]]:
     return found
 
 
-def record_resume(output_dir: Path, step: int, changes: dict | str) -> None:
+def record_resume(output_dir: Path, step: int, changes: dict | str, extends: dict | None = None) -> None:
     """Append one line to ``resume_history.jsonl``: the step resumed from and what changed
-    (a string when the changes could not be checked)."""
+    (a string when the changes could not be checked); `extends`, the summary of a finished
+    run this resume trains further (its wall time and evaluations would otherwise be lost)."""
     changed = changes if isinstance(changes, str) else {
         name: {"before": old, "after": new} for name, (old, new) in changes.items()}
     entry = {"resumed_at_step": step, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), "changed": changed}
+    if extends is not None:
+        entry["extends_finished_run"] = extends
     with open(Path(output_dir) / "resume_history.jsonl", "a", encoding="utf-8") as handle:
         handle.write(json.dumps(entry) + "\n")
 
@@ -273,7 +308,8 @@ def prune_events(output_dir: Path, last_step: int) -> None:
         os.replace(tmp, path)
 
 
-def open_run(output_dir: Path, config: PPOConfig, resumed: bool, last_step: int, changes: dict | str) -> None:
+def open_run(output_dir: Path, config: PPOConfig, resumed: bool, last_step: int, changes: dict | str,
+             extends: dict | None = None) -> None:
     """Make the directory ready for the steps after `last_step` (main process only).
 
     A resume cuts the logs and event files back to `last_step` (-1: no checkpoint, the run
@@ -295,8 +331,38 @@ def open_run(output_dir: Path, config: PPOConfig, resumed: bool, last_step: int,
         prune_events(output_dir, last_step)
         if last_step < 0:
             (output_dir / "initial_eval.json").unlink(missing_ok=True)
-        record_resume(output_dir, max(last_step, 0), changes)
+        record_resume(output_dir, max(last_step, 0), changes, extends)
     config.to_yaml(output_dir / "config.yaml")
+
+
+def finished_summary(output_dir: Path, step: int) -> dict | None:
+    """The run's ``summary.json`` when it says the run finished at `step` (the checkpoint just
+    loaded): all of its planned steps done. None for a run stopped earlier or still going."""
+    try:
+        summary = json.loads((Path(output_dir) / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(summary, dict) or summary.get("steps") != step:
+        return None
+    planned = summary.get("total_steps")
+    if planned is None:  # written before summaries named their plan: the run's config.yaml does
+        try:
+            planned = read_config_file(Path(output_dir) / "config.yaml").get("total_steps")
+        except (OSError, ValueError):
+            return None
+    return summary if planned == step else None
+
+
+def check_resume_end(output_dir: Path, step: int, total_steps: int, finished: dict | None) -> None:
+    """Refuse a resume whose `total_steps` lies below the checkpoint it continues (it would
+    train nothing and rewrite the summary as if the run had ended there)."""
+    if step <= total_steps:
+        return
+    state = f"finished at step {step}" if finished is not None else f"has its newest checkpoint at step {step}"
+    raise RunDirectoryError(
+        f"{output_dir}: --total-steps {total_steps} lies below the run's last step: it {state}, and a resume "
+        f"cannot undo steps. Nothing was changed. Resume with --total-steps {step} or more, or start a new run "
+        "in another output_dir")
 
 
 def not_writable(output_dir: Path, error: OSError) -> RunDirectoryError:
@@ -333,14 +399,24 @@ def check_fresh_start(output_dir: Path) -> None:
 
 
 def record_written(output_dir: Path, *paths: str | Path) -> None:
-    """Add `paths` (relative to `output_dir`, or inside it) to the run's manifest."""
-    output_dir = Path(output_dir)
+    """Add `paths` (relative to `output_dir`, or absolute inside it) to the run's manifest, each
+    stored relative to the run directory so the manifest means the same from any working
+    directory. A path outside the run directory is a bug of the caller: refused."""
+    output_dir = resolve(output_dir)
     manifest = output_dir / MANIFEST
     listed = set(written_files(output_dir)) if manifest.exists() else set()
     new = [MANIFEST] if not listed else []
     for path in paths:
         path = Path(path)
-        relative = str(path.relative_to(output_dir) if path.is_absolute() else path)
+        if path.is_absolute():
+            absolute = Path(os.path.normpath(path))
+            if output_dir not in absolute.parents:
+                raise RunDirectoryError(f"{path}: outside the run directory {output_dir}; not recorded as its file")
+            relative = str(absolute.relative_to(output_dir))
+        else:
+            relative = os.path.normpath(path)
+            if relative.startswith(".."):
+                raise RunDirectoryError(f"{path}: outside the run directory {output_dir}; not recorded as its file")
         if relative not in listed and relative not in new:
             new.append(relative)
     if new:
@@ -349,9 +425,39 @@ def record_written(output_dir: Path, *paths: str | Path) -> None:
 
 
 def written_files(output_dir: Path) -> list[str]:
-    """The manifest's paths, relative to `output_dir`."""
+    """The manifest's paths as written, relative to `output_dir` (`clear_outputs` checks each)."""
     manifest = Path(output_dir) / MANIFEST
-    return [line for line in manifest.read_text(encoding="utf-8").splitlines() if line.strip()]
+    try:
+        text = manifest.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise RunDirectoryError(
+            f"{manifest}: not a manifest this project wrote (byte {error.start} is not UTF-8 text), so which files "
+            "belong to the run is unknown; nothing was removed. Restore it, or delete it: --restart then removes "
+            f"only the run's known files ({', '.join(RUN_FILES)}, event files, checkpoints/step_*)") from None
+    return [line for line in text.splitlines() if line.strip()]
+
+
+def manifest_path(output_dir: Path, entry: str) -> Path | None:
+    """Where manifest `entry` lies, or None when it is not a path inside the run directory.
+
+    Absolute names, ``..`` and names that pass through a symbolic link (to anywhere) are
+    None: whatever an edited manifest says, nothing outside the run directory is touched.
+    Manifests of earlier versions listed paths as spelled from the working directory
+    (``runs/a/checkpoints/...`` for the run ``runs/a``); such an entry is read relative to
+    the run directory once that spelling's prefix is taken off.
+    """
+    if os.path.isabs(entry) or ".." in Path(entry).parts:
+        return None
+    path = output_dir / entry
+    parts = Path(entry).parts
+    if not os.path.lexists(path):
+        for cut in range(1, len(parts)):
+            if output_dir.parts[-cut:] == parts[:cut] and os.path.lexists(output_dir.joinpath(*parts[cut:])):
+                path = output_dir.joinpath(*parts[cut:])
+                break
+    if os.path.realpath(path) != os.path.normpath(path):  # a link on the way: it leads elsewhere
+        return None
+    return path
 
 
 def adopt_earlier_run(output_dir: Path) -> None:
@@ -369,14 +475,24 @@ def clear_outputs(output_dir: Path) -> list[Path]:
     """Remove exactly what the run wrote (for ``--restart``), as its manifest lists it, and the
     folders that leaves empty; other files stay. Returns what was removed.
 
-    A run from before the manifest loses its known files, event files and checkpoint
-    folders (``step_*``, ``.tmp_step_*``); other files in ``checkpoints/`` stay.
+    Only regular files inside the run directory are removed (`manifest_path`): an entry
+    naming ``../x``, an absolute path or a file behind a symbolic link is left alone with a
+    warning. A run from before the manifest loses its known files, event files and
+    checkpoint folders (``step_*``, ``.tmp_step_*``); other files in ``checkpoints/`` stay.
     """
-    output_dir = Path(output_dir)
+    output_dir = resolve(output_dir)
     removed = []
     if (output_dir / MANIFEST).is_file():
-        listed = written_files(output_dir)
-        paths = [output_dir / name for name in listed if name != MANIFEST] + [output_dir / MANIFEST]
+        listed = [name for name in written_files(output_dir) if name != MANIFEST]
+        paths, outside = [], []
+        for name in listed:
+            path = manifest_path(output_dir, name)
+            (outside if path is None else paths).append(path or name)
+        if outside:
+            warnings.warn(f"{output_dir / MANIFEST}: left alone {len(outside)} listed path(s) outside the run "
+                          f"directory or behind a symbolic link ({', '.join(outside[:5])}); the run never writes "
+                          "there, so it removes nothing there", stacklevel=2)
+        paths.append(output_dir / MANIFEST)
     else:
         paths = [output_dir / name for name in RUN_FILES] + list(output_dir.glob("events.out.tfevents.*"))
         for folder in (output_dir / "checkpoints").glob("step_*"):
@@ -387,10 +503,12 @@ def clear_outputs(output_dir: Path) -> list[Path]:
             path.unlink()
             removed.append(path)
     # Interrupted saves: folders only the run names .tmp_step_*.
-    for tmp in (output_dir / "checkpoints").glob(".tmp_step_*"):
-        if tmp.is_dir() and not tmp.is_symlink():
-            shutil.rmtree(tmp)
-            removed.append(tmp)
+    checkpoints = output_dir / "checkpoints"
+    if checkpoints.is_dir() and not checkpoints.is_symlink():
+        for tmp in checkpoints.glob(".tmp_step_*"):
+            if tmp.is_dir() and not tmp.is_symlink():
+                shutil.rmtree(tmp)
+                removed.append(tmp)
     # Folders the removal emptied (deepest first); never the run directory itself.
     folders = {parent for path in removed for parent in path.parents
                if output_dir in parent.parents}
@@ -402,11 +520,12 @@ def clear_outputs(output_dir: Path) -> list[Path]:
 
 def lock_run(output_dir: Path) -> RunLock:
     """Take the run directory's lock for this process, or fail naming the process that holds it."""
+    output_dir = resolve(output_dir)
     lock = RunLock(output_dir)
     try:
         taken = lock.acquire()
     except OSError as error:
-        raise not_writable(Path(output_dir), error) from None
+        raise lock_not_writable(output_dir, lock.path, error) from None
     if not taken:
         holder = lock.holder()
         who = f"process {holder}" if holder else "another live process"
@@ -416,32 +535,72 @@ def lock_run(output_dir: Path) -> RunLock:
     return lock
 
 
+def lock_not_writable(output_dir: Path, lock_path: Path, error: OSError) -> RunDirectoryError:
+    """The message when the lock file cannot be made: its folder (the run directory's parent)
+    may be read-only while the run directory itself is writable."""
+    if output_dir.is_dir() and os.access(output_dir, os.W_OK) and lock_path.parent != output_dir:
+        return RunDirectoryError(
+            f"{lock_path}: cannot create the run's lock file ({error.strerror or error}); it lives beside the run "
+            f"directory, in {lock_path.parent}, which this process cannot write, although {output_dir} itself is "
+            f"writable. Make {lock_path.parent} writable, or choose an output_dir inside a writable folder")
+    return not_writable(output_dir, error)
+
+
 class RunLock:
     """An exclusive lock on ``.NAME.lock`` beside the run directory ``NAME`` (outside it, so
     clearing the directory never touches the lock; ``flock``: released when every holder exits,
     kill -9 included). `fd` can be passed to a child process, which then holds it too, so the
     directory stays locked while the child writes even if the parent is killed.
+
+    The directory is resolved first (`resolve`), so every spelling of it, a symbolic link
+    included, shares one lock file. A lock file this process created for a directory that
+    holds no run when the lock is released is removed (a refused ``/`` or home directory
+    keeps nothing beside it); an acquirer checks that the file it locked is still the one in
+    place, so removing it never lets two processes hold the lock.
     """
 
     def __init__(self, run_dir: Path):
-        self.path = Path(run_dir).parent / f".{Path(run_dir).name}.lock"
+        run_dir = resolve(run_dir)
+        self.run_dir = run_dir
+        self.path = run_dir.parent / f".{run_dir.name}.lock"  # "/" (no name): "/..lock"
         self.fd: int | None = None
+        self.created = False
 
     def acquire(self) -> bool:
         """True when taken (or inherited from the sweep runner); False when another live process holds it."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = self._inherited()
-        if fd is None:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)
-            return False
+        while True:
+            fd = self._inherited()
+            created = False
+            if fd is None:
+                try:
+                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+                    created = True
+                except FileExistsError:
+                    try:
+                        fd = os.open(self.path, os.O_RDWR)
+                    except FileNotFoundError:  # removed in between by its creator: try again
+                        continue
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                return False
+            if not self._still_in_place(fd):  # its creator removed it after we opened it
+                os.close(fd)
+                continue
+            break
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
-        self.fd = fd
+        self.fd, self.created = fd, created
         return True
+
+    def _still_in_place(self, fd: int) -> bool:
+        try:
+            held, current = os.fstat(fd), os.stat(self.path)
+        except FileNotFoundError:
+            return False
+        return (held.st_dev, held.st_ino) == (current.st_dev, current.st_ino)
 
     def _inherited(self) -> int | None:
         """A duplicate of the descriptor of this very lock file that the launching runner passed
@@ -465,7 +624,11 @@ class RunLock:
             return None
 
     def release(self) -> None:
-        """Close this process's handle; the lock ends when no child holds it either."""
-        if self.fd is not None:
-            os.close(self.fd)
-            self.fd = None
+        """Close this process's handle; the lock ends when no child holds it either. A lock
+        file this process created beside a directory that holds no run is removed first."""
+        if self.fd is None:
+            return
+        if self.created and not run_started(self.run_dir) and self._still_in_place(self.fd):
+            self.path.unlink(missing_ok=True)
+        os.close(self.fd)
+        self.fd = None

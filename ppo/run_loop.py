@@ -108,25 +108,31 @@ def _train(trainer, resume, stop_after, restart, allow_changes) -> dict:
         # restart of something that is not a run) refuses a directory holding other files.
         if restart and run_dir.run_started(output_dir):
             run_dir.clear_outputs(output_dir)
-        elif not resume:
-            run_dir.check_fresh_start(output_dir)
+        elif not (resume and run_dir.run_started(output_dir)):
+            run_dir.check_fresh_start(output_dir)  # also a "resume" of a folder holding no run
         if resume:
             run_dir.check_run_files(output_dir)
     distributed.barrier()
-    changes, loaded = {}, False
+    changes, loaded, finished = {}, False, None
     if resume:
         # Refuses a changed config (unless allowed); a run killed before its first
         # checkpoint starts again from step 0.
         changes = run_dir.resume_changes(output_dir, cfg, allow_changes)
         if not (output_dir / "config.yaml").is_file() and run_dir.run_started(output_dir):
             changes = "unchecked: config.yaml was missing (--allow-change all)"
-        loaded = trainer.load_checkpoint()
+        loaded = trainer.load_checkpoint(allow_changes)
         if not loaded:
             warnings.warn(f"{output_dir}: no checkpoint yet; the run starts again from step 0")
+        finished = run_dir.finished_summary(output_dir, trainer.step) if loaded else None
+        run_dir.check_resume_end(output_dir, trainer.step, cfg.total_steps, finished)
+        if finished is not None and cfg.total_steps == trainer.step:
+            trainer.already_finished = True  # finished is final: nothing is written
+            return finished
     distributed.barrier()  # every rank has checked before the main process creates the run
     refusal = None
     if main:
-        run_dir.open_run(output_dir, cfg, resume, trainer.step if loaded else -1, changes)
+        # Extending a finished run is recorded with the summary it replaces.
+        run_dir.open_run(output_dir, cfg, resume, trainer.step if loaded else -1, changes, extends=finished)
         try:
             record = provenance.collect(trainer.model_path, cfg.threads, distributed.world_size())
             trainer.trackers = trackers.open_trackers(cfg, output_dir, record, trainer.step)
@@ -170,6 +176,7 @@ def _train(trainer, resume, stop_after, restart, allow_changes) -> dict:
     final_eval = final_eval or trainer.evaluate()
     summary = {
         "steps": trainer.step,
+        "total_steps": cfg.total_steps,  # the steps planned: a run stopped earlier (stop_after) is not finished
         "samples": trainer.samples_generated,  # responses generated (dynamic sampling generates extra)
         "wall_seconds_this_session": time.perf_counter() - start_time,
         "initial_eval": initial_eval,

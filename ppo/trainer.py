@@ -34,7 +34,7 @@ import torch
 from gae import estimate_advantages, whiten
 from value_model.reward_model import last_token_scores
 
-from . import allocator, checkpoints, distributed, guards, rollout_correction, run_loop, sharding, vllm_sampler
+from . import allocator, checkpoints, distributed, guards, rollout_correction, run_dir, run_loop, sharding, vllm_sampler
 from .buffer import ExperienceBuffer, accumulation_weights, with_group_shares
 from .config import PPOConfig
 from .dynamic_sampling import ScoredBatch, sample_batch
@@ -104,7 +104,7 @@ class RLTrainer:
         self.rng = random.Random(seed)  # prompt sampling
         self.prompt_pool = PromptPool(self.task, self.rng)
         self.shuffle_generator = torch.Generator().manual_seed(seed)  # minibatch order
-        self.output_dir = Path(config.output_dir)
+        self.output_dir = run_dir.resolve(config.output_dir)  # as the filesystem sees it, once
         setup_models(self, model_path, policy, tokenizer)  # policy, ref_policy, value_model, optimizers, ...
         self.vllm_sampler = vllm_sampler.build(self)  # generation_backend='vllm': this process's engine, else None
         self.timer = PhaseTimer()
@@ -117,6 +117,7 @@ class RLTrainer:
         self.samples_generated = 0  # responses generated over all ranks (dynamic sampling makes extra)
         self.trackers = None  # ppo/trackers.py RunTrackers, main process, while train() runs
         self.latest_eval = None  # (step, held-out metrics) of the latest evaluation, for the model card
+        self.already_finished = False  # set by a resume of a run that had already finished (run_loop.train)
 
     # ====================================================================================
     # The algorithm
@@ -411,9 +412,10 @@ class RLTrainer:
         """Write ``checkpoints/step_N`` atomically; see `ppo.checkpoints.save`."""
         return checkpoints.save(self)
 
-    def load_checkpoint(self) -> bool:
-        """Restore the newest intact checkpoint; False when there is none (`ppo.checkpoints.load`)."""
-        loaded = checkpoints.load(self)
+    def load_checkpoint(self, allow_changes=()) -> bool:
+        """Restore the newest intact checkpoint of this run; False when there is none
+        (`ppo.checkpoints.load`; `allow_changes`: config fields this resume may change)."""
+        loaded = checkpoints.load(self, allow_changes)
         if loaded and self.vllm_sampler is not None:
             self.vllm_sampler.stale = True  # the engine holds the weights from before the load
         return loaded

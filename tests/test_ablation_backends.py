@@ -27,6 +27,7 @@ from ablations.backends import (LocalBackend, RayBackend, SweepDirNotShared, che
                                 mark_sweep_dir)
 from ablations.registry import Ablation, Variant
 from ablations.runner import RunOutcome, run_sweep
+from test_ablation_runner import finish
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 # Two steps of GRPO on the tiny model, a checkpoint after each (so a killed run can resume).
@@ -78,12 +79,12 @@ class StandInBackend(backends.Backend):
 
 @pytest.fixture
 def fake_launch(monkeypatch):
-    """Training replaced by writing a summary.json, so only the bookkeeping runs."""
+    """Training replaced by writing what a finished run writes, so only the bookkeeping runs."""
     launched = []
 
     def launch(spec, resume=False, timeout=None):
         launched.append(spec.label)
-        (spec.run_dir / "summary.json").write_text("{}")
+        finish(spec)  # what a finished run writes: a complete sweep run
         return RunOutcome(spec, "ok", 0)
 
     monkeypatch.setattr(runner, "launch_run", launch)

@@ -32,3 +32,30 @@ def test_every_variant_resolves_to_a_valid_config(name, tmp_path):
 def test_unknown_ablation():
     with pytest.raises(ValueError, match="known: "):
         get_ablation("nope")
+
+
+@pytest.mark.parametrize("name", ["../escape", "/abs/path", "a/b", "..", ".hidden", "a\\b", " pad", ""])
+def test_names_are_not_paths(name, tmp_path):
+    """A variant or ablation name becomes one folder of the sweep directory: a separator, '..',
+    an absolute or hidden name is refused where it is registered and where a plan reads it,
+    so a run can never land outside the sweep (and its preparation never clears what is there)."""
+    from ablations.registry import ABLATIONS, Ablation, Variant, register
+    from ablations.sweep_plan import plan_runs
+
+    with pytest.raises(ValueError, match=r"variant name .*(never a path|non-empty)"):
+        Variant(name, "grpo")
+    with pytest.raises(ValueError, match=r"ablation name .*(never a path|non-empty)"):
+        register(name, "q?", [Variant("a", "grpo"), Variant("b", "grpo")], "accuracy")
+    assert name not in ABLATIONS
+    # An object built around the dataclass checks (a duplicate of an Ablation) is refused by the plan.
+    import types
+
+    sneaky = types.SimpleNamespace(name="ok", variants=[types.SimpleNamespace(name=name, preset="grpo")])
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep")
+    with pytest.raises(ValueError, match="variant name"):
+        plan_runs(sneaky, seeds=1, steps=1, sweep_dir=tmp_path / "sweep")
+    assert precious.read_text() == "keep"
+    Ablation("fine-name_1", "q?", (Variant("a", "grpo"), Variant("b-2", "grpo")), "accuracy")
+    with pytest.raises(ValueError, match="report's plots/ folder"):
+        Ablation("plots", "q?", (Variant("a", "grpo"),), "accuracy")

@@ -321,3 +321,45 @@ def test_report_prints_paired_differences_and_verdicts(sweep):
     paired_csv = list(csv.DictReader((sweep / "paired.csv").open()))
     assert {r["column"] for r in paired_csv} >= {"final_sampled_accuracy", "kl_k1", "wall_seconds"}
     assert "Paired by seed against `alpha`" in (sweep / "report.md").read_text()
+
+
+def test_report_refuses_a_directory_that_is_not_a_sweep_and_writes_nothing(tmp_path, sweep):
+    """An empty directory, a single run's directory or a folder of other files: refused before
+    anything (results.csv, report.md, plots/) is written there."""
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(report.NotASweepError, match=r"empty: not a sweep directory \(it is empty"):
+        report.build_report(empty)
+    assert list(empty.iterdir()) == []
+    run = sweep / "fake_ablation" / "alpha" / "seed0"
+    before = sorted(p.name for p in run.iterdir())
+    with pytest.raises(report.NotASweepError, match=r"seed0: a single run's directory \(it holds metrics.jsonl, "
+                                                     r"config.yaml\).*\(.*sweep\?\)"):
+        report.build_report(run)
+    assert sorted(p.name for p in run.iterdir()) == before
+    other = tmp_path / "notes"
+    other.mkdir()
+    (other / "todo.txt").write_text("x")
+    with pytest.raises(report.NotASweepError, match="not a sweep directory \\(it holds todo.txt"):
+        report.build_report(other)
+    assert [p.name for p in other.iterdir()] == ["todo.txt"]
+    from ablations.__main__ import main
+
+    assert main(["report", str(empty)]) == 1 and list(empty.iterdir()) == []
+
+
+def test_report_lists_planned_runs_that_have_no_directory(sweep, capsys):
+    """sweep.json plans variants alpha, beta and gamma x seeds 1-4; the fake sweep holds
+    alpha and beta seeds 0-2 (and beta/seed3): missing are alpha/seed3, alpha/seed4,
+    beta/seed4 and gamma/seed1-4."""
+    (sweep / "sweep.json").write_text(json.dumps({
+        "ablations": ["fake_ablation"], "variants": {"fake_ablation": ["alpha", "beta", "gamma"]}, "seeds": 4}))
+    rows = report.collect_runs(sweep)
+    missing = report.missing_planned_runs(sweep, rows)
+    assert missing == ["fake_ablation/alpha/seed3", "fake_ablation/alpha/seed4", "fake_ablation/beta/seed4",
+                       *[f"fake_ablation/gamma/seed{k}" for k in range(1, 5)]]
+    text = report.build_report(sweep).read_text()
+    assert "**Planned runs not started (7;" in text and "`fake_ablation/gamma/seed4`" in text
+    (sweep / "sweep.json").write_text(json.dumps({"ablations": ["../x"], "seeds": 1}))
+    with pytest.raises(ValueError, match=r"sweep.json: ablation name '../x'.*never a path"):
+        report.missing_planned_runs(sweep, rows)

@@ -31,15 +31,23 @@ def tiny_ablation(model_dir, broken=False) -> Ablation:
     return Ablation("toy", "Does the runner work?", tuple(variants), metric="accuracy")
 
 
+def finish(spec, steps=None):
+    """Write what a finished run leaves: its config.yaml and a summary of its steps."""
+    spec.run_dir.mkdir(parents=True, exist_ok=True)
+    spec.config.to_yaml(spec.run_dir / "config.yaml")
+    steps = spec.config.total_steps if steps is None else steps
+    (spec.run_dir / "summary.json").write_text(json.dumps({"steps": steps, "final_eval": {"sampled_accuracy": 0.5}}))
+
+
 @pytest.fixture
 def fake_launch(monkeypatch):
-    """Replace the subprocess launch: record each launch and write a summary.json."""
+    """Replace the subprocess launch: record each launch and write what a finished run writes."""
     launches = []
 
     def launch(spec, resume=False, timeout=None):
         launches.append({"label": spec.label, "resume": resume,
                          "leftovers": sorted(p.name for p in spec.run_dir.iterdir())})
-        (spec.run_dir / "summary.json").write_text("{}")
+        finish(spec)
         return RunOutcome(spec, "ok", 0, resumed=resume)
 
     monkeypatch.setattr(runner, "launch_run", launch)
@@ -60,8 +68,7 @@ def test_plan_runs_layout_and_configs(tmp_path):
 def test_completed_runs_are_skipped(tmp_path, fake_launch):
     sweep = tmp_path / "sweep"
     done = sweep / "toy" / "a" / "seed1"
-    done.mkdir(parents=True)
-    (done / "summary.json").write_text("{}")
+    finish(plan_runs(tiny_ablation(tmp_path), seeds=1, steps=None, sweep_dir=sweep.absolute())[0])
     (done / "metrics.jsonl").write_text('{"step": 0}\n')
 
     result = run_sweep([tiny_ablation(tmp_path)], sweep, seeds=2, workers=1, progress=False)
@@ -79,6 +86,50 @@ def test_completed_runs_are_skipped(tmp_path, fake_launch):
     fake_launch.clear()
     again = run_sweep([tiny_ablation(tmp_path)], sweep, seeds=2, workers=1, progress=False)
     assert fake_launch == [] and len(again.skipped) == 4
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "list", "stopped_early", "other_steps"])
+def test_a_run_is_complete_only_with_a_valid_summary_of_its_planned_steps(tmp_path, fake_launch, damage):
+    """A summary.json that is truncated, empty, [] or of fewer steps, or a run of another
+    --steps, is incomplete: rerun (not skipped forever), and the report agrees."""
+    from ablations.report import collect_runs
+
+    sweep = tmp_path / "sweep"
+    steps = 3
+    spec = plan_runs(tiny_ablation(tmp_path), seeds=1, steps=steps, sweep_dir=sweep.absolute())[0]
+    finish(spec)
+    assert spec.complete
+    summary = spec.run_dir / "summary.json"
+    if damage == "truncated":
+        summary.write_text(summary.read_text()[:15])
+    elif damage == "empty":
+        summary.write_text("")
+    elif damage == "list":
+        summary.write_text("[]")
+    elif damage == "stopped_early":
+        finish(spec, steps=2)
+    else:
+        steps = 5  # the sweep is rerun with --steps 5: the 3-step result is not its run
+    assert not spec.complete or damage == "other_steps"
+    result = run_sweep([tiny_ablation(tmp_path)], sweep, seeds=1, steps=steps, workers=1, progress=False)
+    assert "toy/a/seed1" in [launch["label"] for launch in fake_launch] and not result.skipped
+    row = next(r for r in collect_runs(sweep) if r["variant"] == "a")
+    assert row["status"] == "ok" and row["steps"] == steps == row["total_steps"]
+    assert json.loads((sweep / "sweep.json").read_text())["steps"] == steps
+
+
+def test_a_variant_folder_that_links_out_of_the_sweep_is_left_alone(tmp_path, fake_launch):
+    """sweep/toy/a/seed1 -> the user's folder: the runner would clear it before training."""
+    sweep = tmp_path / "sweep"
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "precious.txt").write_text("keep")
+    (sweep / "toy" / "a").mkdir(parents=True)
+    (sweep / "toy" / "a" / "seed1").symlink_to(mine)
+    result = run_sweep([tiny_ablation(tmp_path)], sweep, seeds=1, workers=1, progress=False)
+    assert [o.spec.label for o in result.failed] == ["toy/a/seed1"]
+    assert "leads to" in result.failed[0].error and "through a symbolic link" in result.failed[0].error
+    assert [p.name for p in mine.iterdir()] == ["precious.txt"] and (mine / "precious.txt").read_text() == "keep"
 
 
 def test_threads_can_be_set_for_a_shared_machine(tmp_path, fake_launch):
@@ -188,7 +239,7 @@ def test_identical_runs_train_once_and_are_copied(tmp_path, monkeypatch):
         spec.config.to_yaml(spec.run_dir / "config.yaml")
         (spec.run_dir / "metrics.jsonl").write_text(f'{{"step": 1, "run": "{spec.label}"}}\n')
         (spec.run_dir / "checkpoints" / "step_000001").mkdir(parents=True)
-        (spec.run_dir / "summary.json").write_text('{"steps": 1}')
+        finish(spec)
         return RunOutcome(spec, "ok", 0)
 
     monkeypatch.setattr(runner, "launch_run", launch)
@@ -240,8 +291,7 @@ def test_identical_run_trains_itself_when_its_leader_fails(tmp_path, monkeypatch
         launches.append(spec.label)
         if spec.variant == "a":
             return RunOutcome(spec, "failed", 1, error="boom")
-        spec.config.to_yaml(spec.run_dir / "config.yaml")
-        (spec.run_dir / "summary.json").write_text('{"steps": 1}')
+        finish(spec)
         return RunOutcome(spec, "ok", 0)
 
     monkeypatch.setattr(runner, "launch_run", launch)
@@ -286,7 +336,8 @@ def test_run_command_sweeps_then_reports(tmp_path, capsys, monkeypatch):
         return Path(sweep_dir) / "report.md"
 
     report = types.SimpleNamespace(build_report=build_report, format_table=lambda d: "| variant | accuracy |",
-                                   collect_runs=lambda d: [], pooled_provenance=lambda rows, allow: "Pooled 0 ok runs")
+                                   collect_runs=lambda d: [], pooled_provenance=lambda rows, allow: "Pooled 0 ok runs",
+                                   missing_planned_runs=lambda d, rows: [])
     monkeypatch.setattr(runner, "run_sweep", fake_sweep)
     monkeypatch.setitem(sys.modules, "ablations.report", report)
     monkeypatch.chdir(tmp_path)
@@ -321,7 +372,7 @@ def test_variants_option_keeps_the_base_and_refuses_unknown_names(tmp_path, caps
 
     report = types.SimpleNamespace(build_report=lambda d, allow_mixed=False: Path(d) / "report.md",
                                    format_table=lambda d: "", collect_runs=lambda d: [],
-                                   pooled_provenance=lambda rows, allow: "")
+                                   pooled_provenance=lambda rows, allow: "", missing_planned_runs=lambda d, rows: [])
     monkeypatch.setattr(runner, "run_sweep", fake_sweep)
     monkeypatch.setitem(sys.modules, "ablations.report", report)
     monkeypatch.chdir(tmp_path)

@@ -155,3 +155,14 @@ def test_every_image_under_docs_is_shown_somewhere():
               for target in re.findall(r"!\[[^\]]*\]\(([^)\s]+)\)", page.read_text())}
     unlinked = sorted(str(p.relative_to(root)) for p in DOCS.rglob("*.png") if p.resolve() not in linked)
     assert not unlinked, f"images no markdown page shows: {unlinked}"
+
+
+def test_every_test_named_in_the_reliability_doc_exists():
+    """docs/reliability.md ties each case to a test by name: a renamed or removed test would
+    leave a case that nothing checks."""
+    text = (DOCS / "reliability.md").read_text()
+    named = set(re.findall(r"`(test_[a-z0-9_]+)`", text))
+    defined = {match for path in (DOCS.parent / "tests").glob("test_*.py")
+               for match in re.findall(r"^def (test_[a-z0-9_]+)\(", path.read_text(), flags=re.MULTILINE)}
+    assert len(named) > 60
+    assert sorted(named - defined) == []

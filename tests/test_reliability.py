@@ -405,6 +405,9 @@ def test_allowed_change_is_used_and_recorded(finished_run, tmp_path):
     assert trainer.schedulers[0].base_lrs == [0.5]
     assert PPOConfig.from_yaml(run / "config.yaml").lr == 0.5
     history = [json.loads(line) for line in (run / "resume_history.jsonl").read_text().splitlines()]
+    # The run had finished at step 3: training it further keeps that summary in the history.
+    finished = history[0].pop("extends_finished_run")
+    assert finished["steps"] == 3 and finished["total_steps"] == 3
     assert history == [{"resumed_at_step": 3, "time": history[0]["time"],
                         "changed": {"lr": {"before": 0.001, "after": 0.5}}}]
 

@@ -92,9 +92,20 @@ def test_a_second_start_or_resume_of_a_live_run_fails_naming_the_process(tmp_pat
             with pytest.raises(RunDirectoryError, match=rf"process {first.pid} is writing this run"):
                 RLTrainer(config).train(**kwargs)
             assert (run / "config.yaml").read_text() == before
+        # A second writer through a symbolic link to the live run, and through a spelling with
+        # '..' and a trailing '/': one directory, one lock (a real second process for the link).
+        (tmp_path / "link").symlink_to(run)
+        second = subprocess.run([sys.executable, "-m", "ppo.cli", "--output-dir", str(tmp_path / "link"), "--resume"],
+                                env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert second.returncode == 1, second.stderr[-2000:]
+        assert f"process {first.pid} is writing this run" in second.stderr
+        with pytest.raises(RunDirectoryError, match=rf"process {first.pid} is writing this run"):
+            RLTrainer(config.replace(output_dir=f"{tmp_path}/link/../run/")).train(resume=True)
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(len(steps)))  # one writer: no step twice
     assert RLTrainer(config).train(resume=True, stop_after=1)  # the lock died with its holder
 
 
@@ -185,9 +196,11 @@ def test_restart_of_a_run_from_before_the_manifest_keeps_other_files(finished_ru
 
 
 # ------------------------------------------------------------------- launcher death, real processes
-def test_killing_the_launcher_ends_its_workers(tmp_path, tiny_model_dir):
-    """kill -9 of `accelerate launch` (2 CPU processes): both workers exit within seconds and
-    none writes summary.json."""
+@pytest.mark.parametrize("when", ["training", "loading"])
+def test_killing_the_launcher_ends_its_workers(tmp_path, tiny_model_dir, when):
+    """kill -9 of `accelerate launch` (2 CPU processes), while they train (one blocked in a
+    collective, waiting for the other) or while they still import: both workers are gone
+    within a second and none writes summary.json."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -198,20 +211,26 @@ def test_killing_the_launcher_ends_its_workers(tmp_path, tiny_model_dir):
          "--model-path", str(tiny_model_dir), "--output-dir", str(run), "--total-steps", "1000", "--save-every", "0",
          *CLI_TINY], env=_env(), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         start_new_session=True)
+    workers = []
     try:
-        _wait_for(lambda: (run / "metrics.jsonl").exists() or launcher.poll() is not None, 180, "training")
+        if when == "training":
+            _wait_for(lambda: (run / "metrics.jsonl").exists() or launcher.poll() is not None, 180, "training")
+        else:
+            _wait_for(lambda: len(_children(launcher.pid)) == 2 or launcher.poll() is not None, 60, "the workers")
+            time.sleep(0.5)  # inside their imports
         assert launcher.poll() is None, launcher.stderr.read()[-3000:]
         workers = _children(launcher.pid)
         assert len(workers) == 2
         launcher.kill()
         launcher.wait()
-        _wait_for(lambda: not any(_alive(pid) for pid in workers), 15, "the workers to exit")
+        _wait_for(lambda: not any(_alive(pid) for pid in workers), 1.0, "the workers to exit within a second")
         assert not (run / "summary.json").exists()
     finally:
-        try:
-            os.killpg(launcher.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        for pid in [launcher.pid, *workers]:  # workers left by a failure: torchrun gives them their own group
+            try:
+                os.killpg(pid, signal.SIGKILL) if pid == launcher.pid else os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 # -------------------------------------------------------------------- checkpoints: disk, state, links

@@ -447,6 +447,20 @@ def refuse_inert(config) -> None:
             raise ValueError(message)
 
 
+class InertSettingWarning(UserWarning):
+    """A setting the run accepts although its configuration never reads it."""
+
+
+def run_warnings(config, world_size: int) -> list[str]:
+    """`config_warnings` plus what only the launch decides: sharding in a single process."""
+    messages = config_warnings(config)
+    if config.sharding == "fsdp" and world_size == 1:
+        messages.append("PPOConfig.sharding: 'fsdp' has no effect in one process (there is nothing to split the "
+                        "models across); launch several processes (accelerate launch --num_processes N), or leave "
+                        "sharding='none'")
+    return messages
+
+
 def config_warnings(config) -> list[str]:
     """The inert settings `validate` lets through: the run warns about each and records it."""
     refused = {name for name, _ in inert_settings(config)

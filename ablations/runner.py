@@ -279,6 +279,8 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
     backend = backend or LocalBackend(workers)
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1 (got {threads})")
+    if timeout is not None and not (0 < timeout < float("inf")):
+        raise ValueError(f"timeout must be a number of seconds > 0 or None for no limit (got {timeout!r})")
     threads = threads or backend.threads_per_run()
     if report_to is not None:
         from ppo.trackers import check_installed

@@ -401,6 +401,15 @@ def inert_settings(config) -> list[tuple[str, str]]:
         inert("warm_start_steps", "model_path is set (the SFT warm start is not used)", "set model_path=None")
 
     # The update's losses and optimisation.
+    # One optimizer step per rollout batch on the log-probs that sampled it: every ratio is
+    # exactly 1 and the critic has not moved, so no clip can bind and no minibatch is left to stop.
+    if config.ppo_epochs == 1 and config.num_minibatches == 1 and not config.logprobs_from_generation:
+        one_step = "ppo_epochs=1 and num_minibatches=1 take one step on-policy (every ratio is exactly 1)"
+        for name in ("cliprange", "cliprange_high", "dual_clip", "cliprange_value", "target_kl"):
+            inert(name, one_step, "raise ppo_epochs or num_minibatches")
+    if config.num_minibatches == 1:
+        inert("whiten_advantages_per_minibatch", "num_minibatches=1 makes the minibatch the whole batch",
+              "raise num_minibatches")
     if config.policy_loss not in ("clip_cov", "kl_cov"):
         inert("cov_fraction", f"policy_loss={config.policy_loss!r}", "use policy_loss 'clip_cov' or 'kl_cov'")
     if config.policy_loss != "clip_cov":
@@ -417,6 +426,9 @@ def inert_settings(config) -> list[tuple[str, str]]:
         found.setdefault("warmup_steps", (
             f"PPOConfig.warmup_steps: {config.warmup_steps} is longer than total_steps ({config.total_steps}): the "
             "learning rate never reaches lr and the schedule's decay never starts; use warmup_steps <= total_steps"))
+    if config.lam_critic is not None and config.lam_critic == config.lam and config.lam_length_alpha is None:
+        found.setdefault("lam_critic", f"PPOConfig.lam_critic: {config.lam_critic!r} has no effect because it equals "
+                         f"lam: the critic and the policy share one lambda, as with None; set a different value, or None")
     if config.lora_r == 0:
         for name in ("lora_alpha", "lora_target_modules"):
             inert(name, "lora_r=0 trains the full model", "set lora_r > 0")

@@ -72,7 +72,8 @@ from .run_dirs import REUSED_FROM, completed_runs_by_fingerprint, copy_run, prep
 from .run_process import (PR_SET_PDEATHSIG, STOP_GRACE_SECONDS, SweepInterrupted, _die_with_parent, _live_lock,
                           _live_processes, _raise_interrupted, _stop_process_group, code_roots)
 from .sweep_plan import (RESUME_IGNORED_FIELDS, REUSE_IGNORED_FIELDS, RunOutcome, RunSpec, SweepResult,
-                         config_fingerprint, plan_runs, resolve_ablation, sweep_config, tracked_config)
+                         config_fingerprint, plan_runs, refuse_identical_arms, resolve_ablation, sweep_config,
+                         tracked_config)
 
 if TYPE_CHECKING:
     from .backends import Backend
@@ -293,6 +294,7 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
     for spec in specs:
         spec.config = tracked_config(spec, sweep_dir.name, report_to)
         spec.config = sweep_config(spec.config, threads, compile_forward)
+    refuse_identical_arms(specs)  # before anything is written or run
     sweep_dir.mkdir(parents=True, exist_ok=True)
     _write_sweep_json(sweep_dir, names, seeds, steps, workers, backend.describe(), compile_forward, report_to)
 

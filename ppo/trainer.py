@@ -350,7 +350,9 @@ class RLTrainer:
         texts = decode_responses(self.tokenizer, rollout)
         with self.timer("score"):
             score_objects = score_batch(self.task, problems, texts, rollout.has_eos.tolist())
-            task_scores = torch.tensor([s.reward for s in score_objects], device=self.device)  # [B]
+            # float64 until guards.check_scores has looked: a reward beyond float32's range is
+            # named with its own value, not as the inf float32 would make of it.
+            task_scores = torch.tensor([s.reward for s in score_objects], dtype=torch.float64, device=self.device)  # [B]
             # RLHF: the policy optimises the (proxy) reward model; the task's own score and
             # verdict are the gold, logged but never trained on (PPOConfig.validate refuses
             # the toggles that would read the verdict).

@@ -341,6 +341,8 @@ def _cell(v: Verdict) -> str:
     if v.kind in ("refused", "warned"):
         # The message without its "PPOConfig.field: value" opening, which the row already says.
         why = v.reason.split(": ", 1)[-1]
+        if why.startswith(f"{v.probe_value!r} "):
+            why = why[len(repr(v.probe_value)) + 1:]
         text += f": {why}"
     elif not v.probed:
         text += f": {v.reason}"

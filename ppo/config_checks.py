@@ -4,6 +4,12 @@
 valid one: numbers written as strings (YAML reads ``1e-5`` as a string) become numbers, one
 rule rejects NaN and infinity in every float field, and every range, choice and
 combination a run could not use is refused with the field named (docs/reliability.md).
+
+`inert_settings` lists the fields set away from their default that the configuration never
+reads, each with the setting that makes it inert and what to do: `validate` refuses the plain
+mistakes among them (`REFUSED_WHEN_INERT`), the trainer warns about the rest
+(`run_warnings`, `InertSettingWarning`) and records them in summary.json; docs/liveness.md
+(`ppo/liveness.py`) is the table of every field's verdict in every preset.
 """
 
 from __future__ import annotations

@@ -143,6 +143,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    """A number of seconds > 0 (a limit of 0 or less would kill every run at once)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text}; leave --timeout out for no limit")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m ablations", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -166,7 +177,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "inductor's disk cache warm (2-3 minutes for the first run on a machine; needs a C++ "
                           "compiler), then faster steps; pays on long runs of the AlpacaFarm preset "
                           "(docs/performance.md; `estimate --compile` projects it)")
-    run.add_argument("--timeout", type=float, default=None, help="seconds before a run is killed and marked failed")
+    run.add_argument("--timeout", type=_positive_seconds, default=None, help="seconds before a run is killed and marked failed")
     run.add_argument("--variants", nargs="+", metavar="VARIANT", default=None,
                      help="run only these variants (of every NAME that has them); each ablation's base variant, "
                           "its first, always runs, since the report compares every variant with it")

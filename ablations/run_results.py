@@ -32,6 +32,8 @@ Per-run numbers (`collect_runs`, one row per run directory, also written to ``re
     metric, metric_value        the ablation's own metric (name, last-10% mean)
     reused_from                 for a run copied from an identical run (see the runner):
                                 that run's path; "" for a run that trained
+    warnings                    summary.json's warnings, one per line: settings the run
+                                accepted but never read ("" for none)
     prov_commit, prov_dirty, prov_warm_start, prov_torch, prov_transformers, prov_python,
     prov_threads, prov_cpu, prov_processes
                                 the run's provenance from summary.json (`ppo.provenance`):
@@ -311,6 +313,8 @@ def _run_row(sweep_dir: Path, ablation: str, variant: str, seed: int, run_dir: P
         "metric": spec.metric,
         "metric_value": tail_mean(rows, spec.metric),
         "reused_from": _reused_from(sweep_dir, run_dir),
+        # Settings the run accepted but never read (ppo/config_checks.py), one per line.
+        "warnings": "\n".join(summary.get("warnings") or []),
         **{f"prov_{name}": (summary.get("provenance") or {}).get(name, "") for name in PROVENANCE_FIELDS},
     }
     for key in spec.extra_metrics:

@@ -74,7 +74,8 @@ from .run_dirs import REUSED_FROM, completed_runs_by_fingerprint, copy_run, prep
 from .run_process import (PR_SET_PDEATHSIG, STOP_GRACE_SECONDS, SweepInterrupted, _die_with_parent, _live_lock,
                           _live_processes, _raise_interrupted, _stop_process_group, code_roots)
 from .sweep_plan import (RESUME_IGNORED_FIELDS, REUSE_IGNORED_FIELDS, RunOutcome, RunSpec, SweepResult,
-                         config_fingerprint, plan_runs, resolve_ablation, sweep_config, tracked_config)
+                         config_fingerprint, plan_runs, refuse_identical_arms, resolve_ablation, sweep_config,
+                         tracked_config)
 
 if TYPE_CHECKING:
     from .backends import Backend
@@ -288,6 +289,8 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
     backend = backend or LocalBackend(workers)
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1 (got {threads})")
+    if timeout is not None and not (0 < timeout < float("inf")):
+        raise ValueError(f"timeout must be a number of seconds > 0 or None for no limit (got {timeout!r})")
     threads = threads or backend.threads_per_run()
     if report_to is not None:
         from ppo.trackers import check_installed
@@ -300,6 +303,7 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
     for spec in specs:
         spec.config = tracked_config(spec, sweep_dir.name, report_to)
         spec.config = sweep_config(spec.config, threads, compile_forward)
+    refuse_identical_arms(specs)  # before anything is written or run
     sweep_dir.mkdir(parents=True, exist_ok=True)
     _write_sweep_json(sweep_dir, names, seeds, steps, workers, backend.describe(), compile_forward, report_to,
                       {a.name: [v.name for v in a.variants] for a in ablations})

@@ -1,6 +1,7 @@
 """What a sweep runs: one `RunSpec` per (ablation, variant, seed), and what came of each.
 
 `plan_runs` lays the runs out (``SWEEP_DIR/<ablation>/<variant>/seed<k>/``, seeds from 1),
+`refuse_identical_arms` refuses variants that would train the same run (`effective_config`),
 `sweep_config` gives each the config a sweep trains it with, `tracked_config` the labels a
 tracker groups it by, and `config_fingerprint` says
 when two configs compute the same thing (a run resumed from a checkpoint, or copied from an
@@ -197,6 +198,53 @@ def config_fingerprint(config: PPOConfig, ignored: tuple[str, ...] = REUSE_IGNOR
     for name in ignored:
         values.pop(name, None)
     return json.dumps(values, sort_keys=True, default=str)
+
+
+def effective_config(config: PPOConfig) -> dict:
+    """What `config` computes, as a dict: every field but those that cannot change a run
+    (outputs, logging, trackers: `ppo.liveness.NO_EFFECT_BY_NATURE`), and every setting the
+    configuration never reads (`ppo.config_checks.inert_settings`) put back to its default.
+    Two configs with equal effective configs train the same run."""
+    from ppo.config_checks import inert_settings
+    from ppo.liveness import NO_EFFECT_BY_NATURE
+
+    values = config.to_dict()
+    defaults = PPOConfig().to_dict()
+    for name, _ in inert_settings(config):
+        values[name] = defaults[name]
+    for name in (*NO_EFFECT_BY_NATURE, "seed"):
+        values.pop(name, None)
+    return values
+
+
+def refuse_identical_arms(specs: list[RunSpec]) -> None:
+    """Raise ValueError when two variants of one ablation resolve to the same effective
+    configuration (after the preset, the testbed scaling and inert settings): comparing
+    them could only report "no difference" for a detail that never acted. Names the
+    variants, the fields they differ in on paper, and why those do nothing."""
+    from ppo.config_checks import inert_settings
+    from ppo.liveness import NO_EFFECT_BY_NATURE
+
+    arms: dict[tuple[str, str], RunSpec] = {}
+    for spec in specs:
+        arms.setdefault((spec.ablation, spec.variant), spec)  # one seed per variant says it
+    seen: dict[tuple[str, str], RunSpec] = {}
+    clashes = []
+    for (ablation, variant), spec in arms.items():
+        key = (ablation, json.dumps(effective_config(spec.config), sort_keys=True, default=str))
+        other = seen.setdefault(key, spec)
+        if other is spec:
+            continue
+        mine, theirs = spec.config.to_dict(), other.config.to_dict()
+        differing = sorted(name for name in mine if mine[name] != theirs[name] and name not in REUSE_IGNORED_FIELDS)
+        reasons = {**{name: f"{name} sets {what}, which trains nothing" for name, what in NO_EFFECT_BY_NATURE.items()},
+                   **dict(inert_settings(other.config)), **dict(inert_settings(spec.config))}
+        why = "; ".join(reasons[name] for name in differing if name in reasons)
+        clashes.append(f"{ablation}: variants {other.variant!r} and {variant!r} resolve to the same effective "
+                       f"configuration; they differ only in {differing or 'nothing'}" + (f" ({why})" if why else ""))
+    if clashes:
+        raise ValueError("identical arms, refused before any run:\n  " + "\n  ".join(clashes)
+                         + "\nmake the variants differ in a setting that acts, or drop one of them")
 
 
 def select_variants(ablations: list, wanted: "list[str] | None") -> list:

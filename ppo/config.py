@@ -97,7 +97,7 @@ class PPOConfig:
     # ------------------------------------------------------------------ run and model
     model_path: str | None = _f(None, "Policy checkpoint: any local Hugging Face causal LM directory. None starts from the testbed's cached SFT warm start.")
     warm_start_steps: int | None = _f(None, "With model_path None: start from the SFT warm start after this many of its steps, a weaker model standing in for a base model; None = the finished one (DeepSeek R1-Zero).")
-    task: str = _f("arithmetic", "'arithmetic' (the testbed), 'preference' (the testbed trained against reward_model_path, scored by a hidden gold scorer), 'gsm8k' (JSONL at task_path) or 'custom' (prompts and reward_fn from Python).")
+    task: str = _f("arithmetic", "'arithmetic' (the testbed), 'preference' (the testbed trained against reward_model_path, scored by a hidden gold scorer), 'gsm8k' (JSONL at task_path) or 'custom' (prompts and reward_fn passed to RLTrainer, which set it in place of 'arithmetic').")
     task_path: str | None = _f(None, "Training JSONL for task='gsm8k': question, and an answer ending '#### <number>'.")
     eval_path: str | None = _f(None, "Held-out JSONL for task='gsm8k'; None evaluates on the training file.")
     gsm8k_answer_mode: str = _f("flexible", "Which number of a gsm8k response is its answer: 'strict' (after the first '####') or 'flexible' (the last \\boxed{} number, else the last number) (lm-evaluation-harness gsm8k).")
@@ -233,7 +233,7 @@ class PPOConfig:
     eval_batch_size: int = _f(128, "Held-out responses generated per batch during evaluation (memory and speed). Each batch is seeded on its own, so a different size changes which draws are made, not their distribution.")
     log_samples: int = _f(4, "Decoded rollouts written to samples.jsonl per step.")
     save_every: int = _f(50, "Checkpoint every N steps, and at the end; 0 = only at the end.")
-    keep_checkpoints: int = _f(2, "Most recent checkpoints kept on disk.")
+    keep_checkpoints: int = _f(2, "Most recent checkpoints kept on disk; 0 keeps every one.")
     progress: bool = _f(True, "Show a progress bar.")
     report_to: list[str] = _f(["tensorboard"], "Where step metrics go besides metrics.jsonl: any of 'tensorboard' (event files in output_dir), 'wandb', 'mlflow', 'trackio' (accelerate's trackers, each an optional extra); [] = none (TRL report_to).")
     tracker_project: str = _f("ppo-details", "Project (W&B, Trackio) or experiment (MLflow) the run is filed under in a tracker.")

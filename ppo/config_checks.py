@@ -4,6 +4,12 @@
 valid one: numbers written as strings (YAML reads ``1e-5`` as a string) become numbers, one
 rule rejects NaN and infinity in every float field, and every range, choice and
 combination a run could not use is refused with the field named (docs/reliability.md).
+
+`inert_settings` lists the fields set away from their default that the configuration never
+reads, each with the setting that makes it inert and what to do: `validate` refuses the plain
+mistakes among them (`REFUSED_WHEN_INERT`), the trainer warns about the rest
+(`run_warnings`, `InertSettingWarning`) and records them in summary.json; docs/liveness.md
+(`ppo/liveness.py`) is the table of every field's verdict in every preset.
 """
 
 from __future__ import annotations
@@ -32,6 +38,8 @@ def coerce_types(config) -> None:
             # `--report-to wandb`, `--report-to wandb,mlflow`; 'none' is TRL's spelling of [].
             names = [name.strip() for name in value.split(",") if name.strip()]
             setattr(config, f.name, [] if names == ["none"] else names)
+        if base == "list[str]" and getattr(config, f.name) == ["none"]:
+            setattr(config, f.name, [])  # TRL's report_to=["none"], as a list: the same request
         try:
             if base == "float" and not isinstance(value, bool) and isinstance(value, (int, float, str)):
                 setattr(config, f.name, float(value))
@@ -142,9 +150,10 @@ def validate(config) -> None:
 
     choice("rollout_correction", ROLLOUT_CORRECTIONS)
     choice("sampling_precision", SAMPLING_PRECISIONS)
-    if not 0 < config.rollout_correction_floor < 1 < config.rollout_correction_cap:
-        bad("rollout_correction_cap", f"needs 0 < rollout_correction_floor ({config.rollout_correction_floor}) < 1 < "
-            "rollout_correction_cap")
+    if not 0 < config.rollout_correction_floor < 1:
+        bad("rollout_correction_floor", "must be in (0, 1): the lower edge of the band around ratio 1")
+    if not config.rollout_correction_cap > 1:
+        bad("rollout_correction_cap", "must be > 1: the upper edge of the band around ratio 1")
     choice("generation_backend", ("hf", "vllm"))  # ppo/vllm_sampler.py GENERATION_BACKENDS
     if config.generation_backend == "vllm" and config.sampling_precision != "fp32":
         bad("sampling_precision", "bf16 autocast is Hugging Face sampling; with generation_backend='vllm' the "
@@ -217,6 +226,7 @@ def validate(config) -> None:
                                   "shard with sharding='none'")
     if config.lora_critic and config.lora_r == 0:
         bad("lora_critic", "needs lora_r > 0 (the critic's adapters use the policy's rank and alpha)")
+    refuse_inert(config)  # a setting this configuration never reads, where that is a plain mistake
 
 def _validate_policy_loss(config, bad) -> None:
     """The policy-loss fields, and the combinations a loss has no use for."""
@@ -254,6 +264,9 @@ def _validate_trackers(config, bad) -> None:
 
     if not isinstance(config.report_to, list) or not all(isinstance(name, str) for name in config.report_to):
         bad("report_to", f"must be a list of tracker names from {list(TRACKERS)}")
+    if "none" in config.report_to:
+        bad("report_to", "'none' means no tracker and cannot be listed with trackers; give [] or 'none' alone for "
+            "metrics.jsonl only, or list the trackers")
     unknown = [name for name in config.report_to if name not in TRACKERS]
     if unknown:
         bad("report_to", f"unknown tracker(s) {unknown}; known: {list(TRACKERS)} ([] or 'none' = metrics.jsonl only)")
@@ -269,3 +282,209 @@ def _validate_trackers(config, bad) -> None:
             isinstance(k, str) and k and isinstance(v, (str, int, float)) and not isinstance(v, bool)
             for k, v in tags.items()):
         bad("run_tags", "must be a mapping of name: value (text or numbers)")
+
+
+# ------------------------------------------------------------------------------ inert settings
+# A setting the configuration never reads is worse than an error: a sweep over it reports
+# "no difference" and the reader concludes the detail does not matter. Each rule below names
+# a field, when it has no effect, and what to do; `validate` refuses the REFUSED ones (a
+# plain mistake), the trainer warns about the rest (typically a preset's choice carried into
+# a configuration that switches its mechanism off), and docs/liveness.md tabulates both.
+REFUSED_WHEN_INERT = ("value_init_path", "lam_critic", "lam_length_alpha", "lora_critic", "critic_warmup_steps",
+                      "ref_update_every", "ref_update_alpha")
+# Estimators that discount returns with gamma (GAE and the REINFORCE++ / ReMax returns-to-go).
+_GAMMA_ESTIMATORS = ("gae", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "remax")
+
+
+def inert_settings(config) -> list[tuple[str, str]]:
+    """``(field, message)`` for every field set away from its default where `config` never
+    reads it; each message names the field, its value, the setting that makes it inert, and
+    what to do. Pure: the same config always gives the same list, in field order."""
+    from .config import PPOConfig
+
+    defaults = _defaults(PPOConfig)
+    found: dict[str, str] = {}
+
+    def inert(name: str, because: str, fix: str) -> None:
+        value = getattr(config, name)
+        if value != defaults[name] and name not in found:
+            found[name] = (f"PPOConfig.{name}: {value!r} has no effect because {because}; {fix} "
+                           f"(default {defaults[name]!r})")
+
+    est = config.advantage_estimator
+    if not config.uses_value_model:
+        no_critic = f"advantage_estimator={est!r} trains no critic"
+        for name in ("value_init", "value_init_path", "lam_critic", "lam_length_alpha", "lora_critic",
+                     "critic_warmup_steps", "value_loss_over_padding", "cliprange_value", "vf_coef", "value_lr",
+                     "separate_value_optimizer", "paired_critic_pass", "lam"):
+            inert(name, no_critic, "remove it, or use advantage_estimator='gae'")
+    elif config.value_init != "pretrained":
+        inert("value_init_path", f"value_init={config.value_init!r} does not read it",
+              "set value_init='pretrained' to start the critic from it")
+    if est not in _GAMMA_ESTIMATORS:
+        inert("gamma", f"advantage_estimator={est!r} does not discount", f"use one of {list(_GAMMA_ESTIMATORS)}")
+    if config.uses_value_model and config.critic_warmup_steps >= config.total_steps:
+        found["critic_warmup_steps"] = (
+            f"PPOConfig.critic_warmup_steps: {config.critic_warmup_steps} has no effect beyond total_steps "
+            f"({config.total_steps}): the policy would never train; use fewer warm-up steps than total_steps")
+    if not (est == "grpo" or (est == "dr_grpo" and config.grpo_scale == "none")):
+        inert("grpo_scale", f"advantage_estimator={est!r} does not read it", "use advantage_estimator='grpo'")
+    if est != "grpo" or config.grpo_scale == "none":
+        why = (f"grpo_scale='none' divides by no std" if est == "grpo"
+               else f"advantage_estimator={est!r} divides by no std")
+        inert("grpo_eps", why, "use advantage_estimator='grpo' with grpo_scale 'group' or 'batch'")
+    if est != "grpo" or config.grpo_scale != "group":
+        inert("grpo_std_correction", "only the group std of advantage_estimator='grpo', grpo_scale='group' reads it",
+              "set those, or remove it")
+    if est != "reinforce":
+        inert("reinforce_baseline", f"advantage_estimator={est!r} is not 'reinforce'",
+              "use advantage_estimator='reinforce'")
+    if est != "rft":
+        inert("rft_min_score", f"advantage_estimator={est!r} is not 'rft'", "use advantage_estimator='rft'")
+    if not config.whiten_advantages:
+        for name in ("whiten_advantages_over_padding", "whiten_advantages_per_minibatch"):
+            inert(name, "whiten_advantages=False", "set whiten_advantages=True")
+    if not config.whiten_rewards:
+        inert("reward_whitening_mode", "whiten_rewards=False", "set whiten_rewards=True")
+
+    # KL to the reference.
+    if not config.uses_reference_model:
+        no_reference = "kl_coef=0 (and adaptive_kl=False) skips the reference model"
+        for name in ("kl_estimator", "kl_clip_at_zero", "kl_loss_importance_weight", "kl_placement", "log_full_kl",
+                     "ref_update_every", "ref_update_alpha"):
+            inert(name, no_reference, "set kl_coef > 0")
+    if config.kl_placement != "loss":
+        inert("kl_loss_importance_weight", "kl_placement='reward' has no KL term in the loss", "set kl_placement='loss'")
+    else:
+        inert("kl_clip_at_zero", "kl_placement='loss' puts the unclamped estimator in the loss (only the logged kl "
+              "would change)", "set kl_placement='reward'")
+    if config.ref_update_every == 0:
+        inert("ref_update_alpha", "ref_update_every=0 never refreshes the reference", "set ref_update_every > 0")
+    elif config.lora_r > 0 and config.uses_reference_model:
+        found["ref_update_every"] = (
+            f"PPOConfig.ref_update_every: {config.ref_update_every!r} cannot act with lora_r={config.lora_r}: the "
+            "reference is the base model under the adapter, which no refresh can move; set ref_update_every=0 or "
+            "lora_r=0")
+    if not config.adaptive_kl:
+        for name in ("kl_controller", "kl_k_beta", "kl_target", "kl_horizon"):
+            inert(name, "adaptive_kl=False keeps kl_coef fixed", "set adaptive_kl=True")
+    elif config.kl_controller == "ziegler":
+        inert("kl_k_beta", "the 'ziegler' controller steps by kl_horizon", "set kl_controller='alpacafarm'")
+    else:
+        inert("kl_horizon", "the 'alpacafarm' controller steps by kl_k_beta", "set kl_controller='ziegler'")
+
+    # Rewards, sampling and filtering.
+    if config.missing_eos != "penalty":
+        inert("missing_eos_penalty", f"missing_eos={config.missing_eos!r}", "set missing_eos='penalty'")
+    if config.missing_eos != "replace":
+        inert("missing_eos_value", f"missing_eos={config.missing_eos!r}", "set missing_eos='replace'")
+    if config.length_reward_coef == 0:
+        inert("length_reward_warmup_steps", "length_reward_coef=0", "set length_reward_coef > 0")
+    if config.overlong_buffer_length == 0:
+        inert("overlong_penalty_factor", "overlong_buffer_length=0", "set overlong_buffer_length > 0")
+    if config.temperature == 1.0:
+        inert("scale_logits_by_temperature", "dividing logits by temperature 1.0 changes nothing",
+              "set a temperature other than 1")
+    if not config.difficulty_filter:
+        for name in ("difficulty_filter_mode", "dynamic_sampling_max_rounds", "filter_min_pass_rate",
+                     "filter_max_pass_rate"):
+            inert(name, "difficulty_filter=False", "set difficulty_filter=True")
+    elif config.difficulty_filter_mode != "resample":
+        inert("dynamic_sampling_max_rounds", f"difficulty_filter_mode={config.difficulty_filter_mode!r} samples "
+              "one round", "set difficulty_filter_mode='resample'")
+    if config.rollout_correction == "none":
+        for name in ("rollout_correction_cap", "rollout_correction_floor"):
+            inert(name, "rollout_correction='none'", "choose a rollout_correction")
+    else:
+        inert("log_rollout_mismatch", f"rollout_correction={config.rollout_correction!r} logs the mismatch anyway",
+              "remove it")
+        if config.rollout_correction.endswith("_tis"):
+            inert("rollout_correction_floor", f"rollout_correction={config.rollout_correction!r} only caps",
+                  "use a '_mis' correction")
+    if config.generation_backend != "vllm":
+        for name in ("vllm_kv_cache_gb", "vllm_gpu_memory_utilization", "vllm_sleep"):
+            inert(name, f"generation_backend={config.generation_backend!r}", "set generation_backend='vllm'")
+    if config.task != "gsm8k":
+        for name in ("task_path", "eval_path", "gsm8k_answer_mode"):
+            inert(name, f"task={config.task!r} reads no gsm8k file", "set task='gsm8k'")
+    if config.model_path is not None:
+        inert("warm_start_steps", "model_path is set (the SFT warm start is not used)", "set model_path=None")
+
+    # The update's losses and optimisation.
+    # One optimizer step per rollout batch on the log-probs that sampled it: every ratio is
+    # exactly 1 and the critic has not moved, so no clip can bind and no minibatch is left to stop.
+    if config.ppo_epochs == 1 and config.num_minibatches == 1 and not config.logprobs_from_generation:
+        one_step = "ppo_epochs=1 and num_minibatches=1 take one step on-policy (every ratio is exactly 1)"
+        for name in ("cliprange", "cliprange_high", "dual_clip", "cliprange_value", "target_kl"):
+            inert(name, one_step, "raise ppo_epochs or num_minibatches")
+    if config.num_minibatches == 1:
+        inert("whiten_advantages_per_minibatch", "num_minibatches=1 makes the minibatch the whole batch",
+              "raise num_minibatches")
+    if config.policy_loss not in ("clip_cov", "kl_cov"):
+        inert("cov_fraction", f"policy_loss={config.policy_loss!r}", "use policy_loss 'clip_cov' or 'kl_cov'")
+    if config.policy_loss != "clip_cov":
+        for name in ("clip_cov_low", "clip_cov_high"):
+            inert(name, f"policy_loss={config.policy_loss!r}", "use policy_loss='clip_cov'")
+    if config.policy_loss != "kl_cov":
+        inert("kl_cov_coef", f"policy_loss={config.policy_loss!r}", "use policy_loss='kl_cov'")
+    if config.entropy_target is None:
+        inert("entropy_coef_step", "entropy_target=None keeps entropy_coef fixed", "set entropy_target")
+    if config.warmup_steps >= config.total_steps:
+        inert("lr_schedule", f"warmup_steps ({config.warmup_steps}) >= total_steps ({config.total_steps}) leaves "
+              "no step after the warm-up", "shorten warmup_steps")
+    if config.warmup_steps > config.total_steps:
+        found.setdefault("warmup_steps", (
+            f"PPOConfig.warmup_steps: {config.warmup_steps} is longer than total_steps ({config.total_steps}): the "
+            "learning rate never reaches lr and the schedule's decay never starts; use warmup_steps <= total_steps"))
+    if config.lam_critic is not None and config.lam_critic == config.lam and config.lam_length_alpha is None:
+        found.setdefault("lam_critic", f"PPOConfig.lam_critic: {config.lam_critic!r} has no effect because it equals "
+                         f"lam: the critic and the policy share one lambda, as with None; set a different value, or None")
+    if config.lora_r == 0:
+        for name in ("lora_alpha", "lora_target_modules"):
+            inert(name, "lora_r=0 trains the full model", "set lora_r > 0")
+    if not config.lean_forward:
+        for name in ("share_prompt_prefix", "padding_free", "paired_critic_pass"):
+            inert(name, "lean_forward=False runs the Hugging Face module calls", "set lean_forward=True")
+    if config.logprobs_from_generation:
+        inert("reuse_update_forward", "logprobs_from_generation=True takes the old log-probs from sampling",
+              "set logprobs_from_generation=False")
+    order = {name: index for index, name in enumerate(defaults)}
+    return sorted(found.items(), key=lambda item: order[item[0]])
+
+
+def _defaults(cls) -> dict:
+    """Field name -> its default value, in declaration order."""
+    import dataclasses
+
+    values = {}
+    for f in fields(cls):
+        values[f.name] = f.default if f.default_factory is dataclasses.MISSING else f.default_factory()
+    return values
+
+
+def refuse_inert(config) -> None:
+    """Raise ValueError for the first inert setting that is a plain mistake (`REFUSED_WHEN_INERT`)."""
+    for name, message in inert_settings(config):
+        if name in REFUSED_WHEN_INERT or (name == "value_init" and config.value_init == "pretrained"):
+            raise ValueError(message)
+
+
+class InertSettingWarning(UserWarning):
+    """A setting the run accepts although its configuration never reads it."""
+
+
+def run_warnings(config, world_size: int) -> list[str]:
+    """`config_warnings` plus what only the launch decides: sharding in a single process."""
+    messages = config_warnings(config)
+    if config.sharding == "fsdp" and world_size == 1:
+        messages.append("PPOConfig.sharding: 'fsdp' has no effect in one process (there is nothing to split the "
+                        "models across); launch several processes (accelerate launch --num_processes N), or leave "
+                        "sharding='none'")
+    return messages
+
+
+def config_warnings(config) -> list[str]:
+    """The inert settings `validate` lets through: the run warns about each and records it."""
+    refused = {name for name, _ in inert_settings(config)
+               if name in REFUSED_WHEN_INERT or (name == "value_init" and config.value_init == "pretrained")}
+    return [message for name, message in inert_settings(config) if name not in refused]

@@ -36,6 +36,8 @@ from torch.distributed.tensor import DTensor
 
 from . import distributed
 
+FLOAT32_MAX = torch.finfo(torch.float32).max  # scores are trained in float32
+
 
 class NonFiniteError(RuntimeError):
     """A NaN or infinite reward, loss, gradient or weight; the run stops before any save."""
@@ -123,7 +125,8 @@ def check_scores(scores: torch.Tensor, prompts: Sequence[str], responses: Sequen
                  drop: bool = False) -> torch.Tensor:
     """`scores` ``[B]`` if all finite; else stop on every rank (or, with `drop`, return the mask
     ``[B]`` of the finite ones). Returns the keep mask (all True when nothing is wrong)."""
-    finite = torch.isfinite(scores)  # [B]
+    # A finite score past float32's largest value would be inf from the next operation on.
+    finite = torch.isfinite(scores) & (scores.abs() <= FLOAT32_MAX)  # [B]
     if not distributed.any_rank(not bool(finite.all())):
         return finite
     if drop:
@@ -132,8 +135,10 @@ def check_scores(scores: torch.Tensor, prompts: Sequence[str], responses: Sequen
     if bad:
         index = bad[0]
         where = "" if distributed.world_size() == 1 else f" on process {distributed.rank()}"
+        value = float(scores[index])
+        beyond = f" (beyond float32's range, +-{FLOAT32_MAX:.3g}, in which scores are trained)" if math.isfinite(value) else ""
         raise NonFiniteError(
-            f"{source} gave {float(scores[index])} for prompt {index}{where} {_short(prompts[index])} response "
+            f"{source} gave {value:g}{beyond} for prompt {index}{where} {_short(prompts[index])} response "
             f"{_short(responses[index])} ({len(bad)} of {len(bad) + int(finite.sum())} scores are not finite); "
             "stopped before the update, so the weights and the newest checkpoint are the last good ones. "
             "Fix the reward, or set nonfinite_rewards='drop' to leave such samples out of the loss")
@@ -151,7 +156,8 @@ def drop_nonfinite_scores(scores: torch.Tensor, finite: torch.Tensor, group_size
     grouped = torch.where(finite, scores, torch.zeros_like(scores)).view(-1, group_size)  # [prompts, G]
     counts = finite.view(-1, group_size).sum(-1, keepdim=True)  # [prompts, 1]
     means = (grouped.sum(-1, keepdim=True) / counts.clamp(min=1)).expand_as(grouped).reshape(-1)  # [B]
-    return torch.where(finite, scores, means)
+    kept = torch.where(finite, scores, means)  # [B]
+    return kept.float() if kept.dtype == torch.float64 else kept  # task scores arrive as float64 (check_scores)
 
 
 def check_update(values: dict[str, float], step: int) -> None:

@@ -2,7 +2,7 @@
 
 A checkpoint found later, copied away from its run directory, should say what it is: the
 model it started from, the preset it is closest to and every setting that differs from that
-preset, how many steps it trained, its latest held-out evaluation (named final when it is
+preset (those the configuration never read listed apart, with the reason), how many steps it trained, its latest held-out evaluation (named final when it is
 the last step's), and the run's provenance (`ppo.provenance`). `write` is called once per
 checkpoint (`ppo.checkpoints.save`).
 
@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 
 from .config import PRESETS, PPOConfig, preset
+from .config_checks import inert_settings
 from .provenance import collect
 
 
@@ -60,12 +61,21 @@ def render(config: PPOConfig, step: int, base_model: str | None, latest_eval: tu
              f"| steps | {step} of {config.total_steps} |",
              f"| preset | {label}, the nearest to this run's config |", "",
              f"## Settings that differ from {label}", ""]
-    if diff:
+    # A setting the configuration never read did not shape this policy: it is listed apart,
+    # with the reason, rather than among the settings that differ.
+    inert = dict(inert_settings(config))
+    acted = {key: change for key, change in diff.items() if key not in inert}
+    if acted:
         lines += ["| field | preset | this run |", "|---|---|---|"]
-        lines += [f"| `{key}` | {_cell(old)} | {_cell(new)} |" for key, (old, new) in diff.items()]
+        lines += [f"| `{key}` | {_cell(old)} | {_cell(new)} |" for key, (old, new) in acted.items()]
     else:
         lines.append("None: the run used these settings as they are.")
     lines += [""]
+    if inert:
+        lines += ["## Settings with no effect in this run", "", "| field | value | why |", "|---|---|---|"]
+        lines += [f"| `{key}` | {_cell(getattr(config, key))} | {why.split(': ', 1)[-1]} |"
+                  for key, why in inert.items()]
+        lines += [""]
     if latest_eval is not None:
         eval_step, metrics = latest_eval
         which = "final" if eval_step == config.total_steps else "latest"

@@ -52,6 +52,17 @@ def warm_start_path(config) -> str:
     return distributed.broadcast_object(model_path)
 
 
+def check_stop_token_ids(stop_token_ids: list[int] | None, policy, tokenizer) -> None:
+    """Refuse stop ids the model can never sample (beyond its vocabulary): such a stop token
+    would never end a response, so every one would run to response_length."""
+    vocab = max(len(tokenizer), getattr(getattr(policy, "config", None), "vocab_size", 0) or 0)
+    outside = [i for i in stop_token_ids or [] if i >= vocab]
+    if outside:
+        raise ValueError(f"PPOConfig.stop_token_ids: {outside} lie outside the model's vocabulary of {vocab} ids, so "
+                         f"they can never be sampled and would end no response; use ids below {vocab}, None for the "
+                         "checkpoint's EOS ids, or [] for no stop token")
+
+
 def setup_models(trainer, model_path: str | None, policy=None, tokenizer=None) -> None:
     """Load or take the policy and build everything around it, set on `trainer`:
 
@@ -81,6 +92,7 @@ def setup_models(trainer, model_path: str | None, policy=None, tokenizer=None) -
     trainer.tokenizer = tokenizer
     trainer.stop_token_ids = (declared_stop_token_ids(policy, tokenizer) if config.stop_token_ids is None
                               else config.stop_token_ids)  # [] = no stop token
+    check_stop_token_ids(config.stop_token_ids, policy, tokenizer)
     trainer.max_prompt_length = resolve_max_prompt_length(policy, config.max_prompt_length, config.response_length)
     ref_policy = None
     if config.uses_reference_model and not config.lora_r:

@@ -185,6 +185,9 @@ def _train(trainer, resume, stop_after, restart, allow_changes) -> dict:
     if initial_eval:
         summary["sampled_accuracy_gain"] = final_eval["sampled_accuracy"] - initial_eval["sampled_accuracy"]
     summary["processes"] = distributed.world_size()
+    # Settings the run accepted but never read (ppo/config_checks.py inert_settings), so a
+    # sweep's report can show which arms carried one.
+    summary["warnings"] = list(trainer.config_warnings)
     # Which code, warm start, libraries, threads and machine made these numbers.
     summary["provenance"] = provenance.collect(trainer.model_path, cfg.threads, distributed.world_size())
     if main:

@@ -26,6 +26,7 @@ models (`ppo/sharding.py`).
 from __future__ import annotations
 
 import random
+import warnings
 from pathlib import Path
 from typing import Callable
 
@@ -34,7 +35,8 @@ import torch
 from gae import estimate_advantages, whiten
 from value_model.reward_model import last_token_scores
 
-from . import allocator, checkpoints, distributed, guards, rollout_correction, run_dir, run_loop, sharding, vllm_sampler
+from . import (allocator, checkpoints, config_checks, distributed, guards, rollout_correction, run_dir, run_loop,
+               sharding, vllm_sampler)
 from .buffer import ExperienceBuffer, accumulation_weights, with_group_shares
 from .config import PPOConfig
 from .dynamic_sampling import ScoredBatch, sample_batch
@@ -52,7 +54,7 @@ from .remax import greedy_baselines
 from .rewards import (apply_missing_eos, clip_scores, format_reward, group_kimi_length_reward, length_reward_weight,
                       overlong_penalty, score_positions, shape_rewards, whiten_rewards, whitening_gae_mask)
 from .rollout import Rollout, decode_responses, generate, pad_to_width
-from .tasks import build_task
+from .tasks import build_task, custom_task_config
 
 
 class RLTrainer:
@@ -61,8 +63,10 @@ class RLTrainer:
     Args:
         config: every setting of the run.
         task: a task object (see `ppo.tasks.base.Task`); built from the config if None.
-        prompts, reward_fn: a user's own prompts and ``reward_fn(prompts, responses) ->
-            list[float]``, as TRL users pass them (sets up a `CustomTask`).
+        prompts, reward_fn: a user's own prompts (a list or tuple of strings) and
+            ``reward_fn(prompts, responses) -> list[float]``, as TRL users pass them: they set
+            up a `CustomTask`, and the default ``task='arithmetic'`` becomes ``'custom'`` in the
+            run's config; a task with its own data ('gsm8k', 'preference') refuses them.
         policy, tokenizer: an already loaded policy (otherwise `config.model_path`, or the
             testbed's SFT warm start when that is None).
 
@@ -84,8 +88,16 @@ class RLTrainer:
                  reward_fn: Callable | None = None, policy=None, tokenizer=None):
         config = sharding.from_launcher(config)  # an accelerate FSDP launch config asks for sharding="fsdp"
         config.validate_for_run()
+        if task is not None and (prompts is not None or reward_fn is not None):
+            raise ValueError("RLTrainer: pass a task, or prompts and reward_fn, not both (the task would ignore them)")
+        config = custom_task_config(config, prompts, reward_fn) if task is None else config
         self.config = config
         self.accelerator = distributed.make_accelerator(config)  # one precision per process
+        # Settings this configuration never reads: warned once, kept for summary.json and the model card.
+        self.config_warnings = config_checks.run_warnings(config, distributed.world_size())
+        if distributed.is_main_process():
+            for message in self.config_warnings:
+                warnings.warn(message, config_checks.InertSettingWarning, stacklevel=2)
         self.device = self.accelerator.device
         # The warm start is found (or, the first time, trained) before the thread count and
         # the seeds are set: a run must not depend on whether its warm start was cached.
@@ -340,7 +352,9 @@ class RLTrainer:
         texts = decode_responses(self.tokenizer, rollout)
         with self.timer("score"):
             score_objects = score_batch(self.task, problems, texts, rollout.has_eos.tolist())
-            task_scores = torch.tensor([s.reward for s in score_objects], device=self.device)  # [B]
+            # float64 until guards.check_scores has looked: a reward beyond float32's range is
+            # named with its own value, not as the inf float32 would make of it.
+            task_scores = torch.tensor([s.reward for s in score_objects], dtype=torch.float64, device=self.device)  # [B]
             # RLHF: the policy optimises the (proxy) reward model; the task's own score and
             # verdict are the gold, logged but never trained on (PPOConfig.validate refuses
             # the toggles that would read the verdict).

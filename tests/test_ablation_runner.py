@@ -222,13 +222,23 @@ def test_failed_run_is_recorded_and_the_rest_complete(tmp_path, tiny_model_dir, 
     assert [o.spec.label for o in again.skipped] == ["toy/b/seed1"]
 
 
-def _dup_ablation(name, model_dir, variants=("a", "a_copy", "b")) -> Ablation:
-    """Variants named 'a*' share one config; 'b*' and 'c*' differ (grpo_scale none / batch)."""
+def _dup_ablation(name, model_dir, variants=("a", "a_copy", "b")) -> list[Ablation]:
+    """Variants named 'a*' share one config; 'b*' and 'c*' differ (grpo_scale none / batch).
+    One ablation may not hold two identical arms (`refuse_identical_arms`), so a repeated
+    config goes to a second ablation, ``<name>2`` (then ``<name>3``, ...): a sweep of them
+    holds identical runs across ablations, which is what reuse copies."""
     def overrides(variant):
         extra = {"b": {"grpo_scale": "none"}, "c": {"grpo_scale": "batch"}}.get(variant[0], {})
         return {**TINY, "model_path": str(model_dir), **extra}
-    return Ablation(name, "Are identical runs trained once?",
-                    tuple(Variant(v, "grpo", overrides(v)) for v in variants), metric="accuracy")
+    groups: list[list[str]] = []
+    for variant in variants:
+        group = next((g for g in groups if all(v[0] != variant[0] for v in g)), None)
+        if group is None:
+            groups.append(group := [])
+        group.append(variant)
+    return [Ablation(name if i == 0 else f"{name}{i + 1}", "Are identical runs trained once?",
+                     tuple(Variant(v, "grpo", overrides(v)) for v in group), metric="accuracy")
+            for i, group in enumerate(groups)]
 
 
 def test_identical_runs_train_once_and_are_copied(tmp_path, monkeypatch):
@@ -244,12 +254,12 @@ def test_identical_runs_train_once_and_are_copied(tmp_path, monkeypatch):
 
     monkeypatch.setattr(runner, "launch_run", launch)
     sweep = tmp_path / "sweep"
-    result = run_sweep([_dup_ablation("toy", tmp_path)], sweep, seeds=2, workers=2, progress=False)
+    result = run_sweep(_dup_ablation("toy", tmp_path), sweep, seeds=2, workers=2, progress=False)
     # a and a_copy are identical per seed: a trains, a_copy copies it; b trains.
     assert sorted(launches) == ["toy/a/seed1", "toy/a/seed2", "toy/b/seed1", "toy/b/seed2"]
-    assert sorted(o.spec.label for o in result.reused) == ["toy/a_copy/seed1", "toy/a_copy/seed2"]
+    assert sorted(o.spec.label for o in result.reused) == ["toy2/a_copy/seed1", "toy2/a_copy/seed2"]
     assert result.ok and "2 copied from an identical run" in result.summary()
-    copy = sweep / "toy" / "a_copy" / "seed2"
+    copy = sweep / "toy2" / "a_copy" / "seed2"
     assert (copy / "metrics.jsonl").read_text() == (sweep / "toy" / "a" / "seed2" / "metrics.jsonl").read_text()
     assert (copy / "summary.json").is_file() and not (copy / "checkpoints").exists()
     assert (copy / "reused_from.txt").read_text().splitlines()[0] == str((sweep / "toy" / "a" / "seed2").resolve())
@@ -262,26 +272,26 @@ def test_identical_runs_train_once_and_are_copied(tmp_path, monkeypatch):
     # A later sweep of another ablation reuses complete runs of the first one (any ablation);
     # its genuinely new variant trains.
     launches.clear()
-    later = run_sweep([_dup_ablation("other", tmp_path, variants=("b_same", "c"))], sweep, seeds=1,
+    later = run_sweep(_dup_ablation("other", tmp_path, variants=("b_same", "c")), sweep, seeds=1,
                       workers=2, progress=False)
     assert [o.spec.label for o in later.reused] == ["other/b_same/seed1"]
     assert launches == ["other/c/seed1"]
     # A different thread count is a different run (floating-point reductions split differently).
     launches.clear()
-    run_sweep([_dup_ablation("threads", tmp_path, variants=("b_same",))], sweep, seeds=1, workers=1,
+    run_sweep(_dup_ablation("threads", tmp_path, variants=("b_same",)), sweep, seeds=1, workers=1,
               progress=False)
     assert launches == (["threads/b_same/seed1"] if (runner.os.cpu_count() or 1) > 1 else [])
     # Two identical pending runs that both match a complete run are both copied.
     launches.clear()
-    both = run_sweep([_dup_ablation("fourth", tmp_path, variants=("b_one", "b_two"))], sweep, seeds=1,
+    both = run_sweep(_dup_ablation("fourth", tmp_path, variants=("b_one", "b_two")), sweep, seeds=1,
                      workers=2, progress=False)
     assert launches == [] and sorted(o.spec.label for o in both.reused) == ["fourth/b_one/seed1",
-                                                                          "fourth/b_two/seed1"]
+                                                                          "fourth2/b_two/seed1"]
     # With reuse off, every run trains.
     launches.clear()
-    run_sweep([_dup_ablation("third", tmp_path, variants=("a", "a_copy"))], sweep, seeds=1, workers=1,
+    run_sweep(_dup_ablation("third", tmp_path, variants=("a", "a_copy")), sweep, seeds=1, workers=1,
               progress=False, reuse=False)
-    assert sorted(launches) == ["third/a/seed1", "third/a_copy/seed1"]
+    assert sorted(launches) == ["third/a/seed1", "third2/a_copy/seed1"]
 
 
 def test_identical_run_trains_itself_when_its_leader_fails(tmp_path, monkeypatch):
@@ -295,11 +305,11 @@ def test_identical_run_trains_itself_when_its_leader_fails(tmp_path, monkeypatch
         return RunOutcome(spec, "ok", 0)
 
     monkeypatch.setattr(runner, "launch_run", launch)
-    result = run_sweep([_dup_ablation("toy", tmp_path, variants=("a", "a_copy"))], tmp_path / "sweep",
+    result = run_sweep(_dup_ablation("toy", tmp_path, variants=("a", "a_copy")), tmp_path / "sweep",
                        seeds=1, workers=1, progress=False)
-    assert launches == ["toy/a/seed1", "toy/a_copy/seed1"]
+    assert launches == ["toy/a/seed1", "toy2/a_copy/seed1"]
     assert [o.spec.label for o in result.failed] == ["toy/a/seed1"]
-    assert [o.spec.label for o in result.completed] == ["toy/a_copy/seed1"] and not result.reused
+    assert [o.spec.label for o in result.completed] == ["toy2/a_copy/seed1"] and not result.reused
 
 
 # ---------------------------------------------------------------------------------- the CLI

@@ -12,11 +12,19 @@ __all__ = ["ArithmeticTask", "CustomTask", "GSM8KTask", "Problem", "Score", "Tas
 
 
 def build_task(config, prompts: list[str] | None = None, reward_fn=None) -> Task:
-    """The task named by `config.task` (a custom task needs `prompts` and `reward_fn`)."""
-    if config.task == "custom" or reward_fn is not None:
+    """The task named by `config.task`; `prompts` and `reward_fn` make the custom task, which
+    `config.task` must then be ('custom', or 'arithmetic' as the caller's default: see
+    `custom_task_config`). A built-in task with its own data refuses them rather than
+    ignoring one side or the other."""
+    given = [name for name, value in (("prompts", prompts), ("reward_fn", reward_fn)) if value is not None]
+    if given and config.task not in ("custom", "arithmetic"):
+        raise ValueError(f"PPOConfig.task={config.task!r} brings its own prompts and scorer, so the {' and '.join(given)} "
+                         "passed in would be ignored; set task='custom' to train on them")
+    if config.task == "custom" or given:
         if prompts is None or reward_fn is None:
-            raise ValueError("PPOConfig.task='custom' needs both prompts and reward_fn")
-        return CustomTask(prompts=list(prompts), reward_fn=reward_fn)
+            missing = "reward_fn" if reward_fn is None else "prompts"
+            raise ValueError(f"PPOConfig.task='custom' needs both prompts and reward_fn; {missing} is missing")
+        return CustomTask(prompts=prompts, reward_fn=reward_fn)
     if config.task == "gsm8k":
         return GSM8KTask(config.task_path, eval_path=config.eval_path, answer_mode=config.gsm8k_answer_mode)
     if config.task == "preference":
@@ -24,3 +32,11 @@ def build_task(config, prompts: list[str] | None = None, reward_fn=None) -> Task
 
         return PreferenceTask(reward_model_path=config.reward_model_path)
     return ArithmeticTask()
+
+
+def custom_task_config(config, prompts=None, reward_fn=None):
+    """`config` with ``task='custom'`` when prompts or a reward_fn are passed in with the
+    default task 'arithmetic', so config.yaml says which task trained; otherwise as it is."""
+    if config.task == "arithmetic" and (prompts is not None or reward_fn is not None):
+        return config.replace(task="custom")
+    return config

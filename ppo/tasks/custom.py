@@ -28,6 +28,12 @@ class CustomTask:
     _eval: list[Problem] = field(init=False, repr=False)
 
     def __post_init__(self):
+        self.prompts = prompt_list(self.prompts, "prompts")
+        if self.eval_prompts is not None:
+            self.eval_prompts = prompt_list(self.eval_prompts, "eval_prompts")
+            if not self.eval_prompts:
+                raise ValueError("CustomTask.eval_prompts: [] holds no held-out prompt; give at least one, or None "
+                                 "to evaluate on the training prompts")
         if not self.prompts:
             raise ValueError("CustomTask.prompts: need at least one prompt")
         for index, prompt in enumerate(list(self.prompts) + list(self.eval_prompts or [])):
@@ -55,3 +61,22 @@ class CustomTask:
 
     def score(self, problem: Problem, response: str, has_eos: bool) -> Score:
         return self.score_batch([problem], [response], [has_eos])[0]
+
+
+def prompt_list(prompts, name: str) -> list[str]:
+    """`prompts` as a list, if it is a list or tuple; any other collection is refused, naming
+    `name`, because each would train on something else than the user's prompts: a string
+    on its characters, a set in an order that changes with PYTHONHASHSEED, a dict on its keys."""
+    where = f"CustomTask.{name}"
+    if isinstance(prompts, (str, bytes)):
+        raise ValueError(f"{where}: a single string {prompts[:40]!r} would be read as one prompt per character; "
+                         "pass a list, [text] for one prompt")
+    if isinstance(prompts, (set, frozenset)):
+        raise ValueError(f"{where}: a set has no order (it changes with PYTHONHASHSEED, and with it the prompts "
+                         "each seed draws); pass a list, e.g. sorted(prompts)")
+    if isinstance(prompts, dict):
+        raise ValueError(f"{where}: a dict would train on its keys; pass a list: list(prompts) for the keys, "
+                         "list(prompts.values()) for the values")
+    if not isinstance(prompts, (list, tuple)):
+        raise ValueError(f"{where}: expected a list or tuple of strings, got {type(prompts).__name__}")
+    return list(prompts)

@@ -306,8 +306,8 @@ def _claims(section: Any, ablation: dict, fail) -> tuple:
         raise fail("claims: a list of claims (each with claim, first, quantity, direction)")
     names = [v.name for v in ablation["variants"]]
     metric, extra = ablation["metric"], ablation["extra_metrics"]
-    columns = ([c for c in RUN_COLUMNS if c not in TEXT_COLUMNS] + ["metric_value", metric, *extra]
-               + [m + WHOLE_RUN_SUFFIX for m in extra])
+    row_columns = [c for c in RUN_COLUMNS if c not in TEXT_COLUMNS]
+    columns = row_columns + ["metric_value", metric, *extra] + [m + WHOLE_RUN_SUFFIX for m in extra]
     seeds_default = tuple(range(1, (ablation["seeds"] or DEFAULT_SEEDS) + 1))
     claims = []
     for number, entry in enumerate(section, start=1):
@@ -328,7 +328,8 @@ def _claims(section: Any, ablation: dict, fail) -> tuple:
         if quantity not in columns:
             raise fail(f"{where}.quantity: {quantity!r} is not a column of the results{did_you_mean(quantity, columns)}"
                        f"; the metric, an extra metric, or one of {', '.join(columns[:18])}")
-        column = "metric_value" if quantity == metric else quantity
+        # The metric is the row's metric_value unless it is a column of the row itself.
+        column = "metric_value" if quantity == metric and quantity not in row_columns else quantity
         direction = entry["direction"]
         if direction not in DIRECTIONS or isinstance(direction, bool):
             raise fail(f"{where}.direction: larger, smaller or equal (got {direction!r})")

@@ -57,7 +57,8 @@ import yaml
 from ppo.config import PRESETS, RENAMED_FIELDS, field_help
 from ppo.suggest import did_you_mean
 
-from .registry import ABLATIONS, Ablation, Variant, register
+from . import registry
+from .registry import Ablation, Variant
 
 FILE_SUFFIXES = (".yaml", ".yml", ".toml")
 DEFINITION_FILE = "ablation.yaml"  # SWEEP_DIR/<ablation>/ablation.yaml
@@ -120,24 +121,25 @@ def load_ablation_file(path: str | Path) -> Ablation:
     path = Path(path)
     kwargs = parse_definition(read_mapping(path), source=str(path))
     name = kwargs["name"]
-    existing = ABLATIONS.get(name)
+    existing = registry.ABLATIONS.get(name)
     if existing is not None:
         if existing == Ablation(**kwargs):  # the same definition (a file named twice)
             return existing
         raise AblationFileError(f"{path}: name {name!r} is already taken by a registered ablation "
                                 "(python -m ablations list); give this one another name")
     try:
-        return register(**kwargs)
+        return registry.register(**kwargs)
     except ValueError as error:
         raise AblationFileError(f"{path}: {error}") from None
 
 
-def parse_definition(data: Any, source: str, check_configs: bool = True) -> dict:
+def parse_definition(data: Any, source: str, strict: bool = True) -> dict:
     """The `register` keywords an ablation file's mapping stands for; every field checked.
 
-    `check_configs` builds each variant's `PPOConfig` (values the config refuses are errors);
-    a stored definition is read without it, so a report still reads one written by an older
-    version of the config.
+    `strict` also checks each variant's fields and builds its `PPOConfig` (values the config
+    refuses are errors). A stored definition is read without it: it may come from an
+    `Ablation` built in code (whose variants may set any field) or from an older version of
+    the config, and the report still reads it.
     """
     def fail(message: str) -> AblationFileError:
         return AblationFileError(f"{source}: {message}")
@@ -168,9 +170,10 @@ def parse_definition(data: Any, source: str, check_configs: bool = True) -> dict
     common = data.get("overrides", {})
     if not isinstance(common, dict):
         raise fail(f"overrides: a mapping of PPOConfig field: value (got {common!r})")
-    _check_fields(common, "overrides", fail, allow_preset=False)
-    variants = _variants(data.get("variants"), default_preset, common, fail)
-    variants += _grid_variants(data.get("grid"), default_preset, common, fail)
+    check = _check_fields if strict else (lambda *args, **kwargs: None)
+    check(common, "overrides", fail, allow_preset=False)
+    variants = _variants(data.get("variants"), default_preset, common, fail, check)
+    variants += _grid_variants(data.get("grid"), default_preset, common, fail, check)
     if len(variants) < 2:
         raise fail("an ablation compares at least two variants: give them under `variants:` or `grid:`")
     names = [v.name for v in variants]
@@ -185,7 +188,7 @@ def parse_definition(data: Any, source: str, check_configs: bool = True) -> dict
     kwargs = dict(name=name, question=question.strip(), variants=tuple(variants), metric=metric,
                   extra_metrics=tuple(extra), steps=steps, testbed=testbed, seeds=seeds)
     kwargs["claims"] = _claims(data.get("claims"), kwargs, fail)
-    if check_configs:
+    if strict:
         ablation = Ablation(**kwargs)
         for variant in variants:
             try:
@@ -238,12 +241,13 @@ def _check_fields(overrides: dict, where: str, fail, allow_preset: bool = True) 
                        "(ppo-train --help lists every field)")
 
 
-def _variant(name: str, settings: Any, default_preset: str | None, common: dict, where: str, fail) -> Variant:
+def _variant(name: str, settings: Any, default_preset: str | None, common: dict, where: str, fail,
+             check) -> Variant:
     if settings is None:
         settings = {}
     if not isinstance(settings, dict):
         raise fail(f"{where}: a mapping of PPOConfig field: value (got {settings!r})")
-    _check_fields(settings, where, fail)
+    check(settings, where, fail)
     overrides = {**common, **settings}
     chosen = overrides.pop("preset", default_preset)
     if chosen is None:
@@ -251,13 +255,13 @@ def _variant(name: str, settings: Any, default_preset: str | None, common: dict,
     return Variant(name, _preset_name(chosen, f"{where}: preset", fail), overrides)
 
 
-def _variants(section: Any, default_preset: str | None, common: dict, fail) -> list[Variant]:
+def _variants(section: Any, default_preset: str | None, common: dict, fail, check) -> list[Variant]:
     if section is None:
         return []
     if not isinstance(section, dict):
         raise fail("variants: a mapping of variant name: {field: value, ...}")
     return [_variant(_plain_name(name, f"variants: {name!r}", fail), settings, default_preset, common,
-                     f"variants.{name}", fail) for name, settings in section.items()]
+                     f"variants.{name}", fail, check) for name, settings in section.items()]
 
 
 def _value_name(value: Any) -> str:
@@ -271,7 +275,7 @@ def _value_name(value: Any) -> str:
     return str(value)
 
 
-def _grid_variants(section: Any, default_preset: str | None, common: dict, fail) -> list[Variant]:
+def _grid_variants(section: Any, default_preset: str | None, common: dict, fail, check) -> list[Variant]:
     """Every cell of each grid (a mapping field: [values]), named from its values in axis order."""
     if section is None:
         return []
@@ -281,7 +285,7 @@ def _grid_variants(section: Any, default_preset: str | None, common: dict, fail)
         where = "grid" if len(grids) == 1 else f"grid {number}"
         if not isinstance(grid, dict) or not grid:
             raise fail(f"{where}: a mapping of PPOConfig field: [values] (e.g. kl_coef: [0.0, 0.05])")
-        _check_fields(grid, where, fail)
+        check(grid, where, fail)
         for field, values in grid.items():
             if not isinstance(values, list) or not values:
                 raise fail(f"{where}.{field}: a non-empty list of values (got {values!r})")
@@ -291,7 +295,7 @@ def _grid_variants(section: Any, default_preset: str | None, common: dict, fail)
                 raise fail(f"{where}: the cell {dict(zip(grid, cell))} would be named {name!r}, not a plain name; "
                            "list it under `variants:` with a name of its own")
             variants.append(_variant(name, dict(zip(grid, cell)), default_preset, common, f"{where} cell {name!r}",
-                                     fail))
+                                     fail, check))
     return variants
 
 
@@ -407,7 +411,7 @@ def read_stored(sweep_dir: str | Path, name: str) -> Ablation | None:
     path = definition_path(sweep_dir, name)
     if not path.is_file():
         return None
-    kwargs = parse_definition(read_mapping(path), source=str(path), check_configs=False)
+    kwargs = parse_definition(read_mapping(path), source=str(path), strict=False)
     if kwargs["name"] != name:
         raise AblationFileError(f"{path}: defines ablation {kwargs['name']!r}, but lies in the folder of {name!r}")
     return Ablation(**kwargs)

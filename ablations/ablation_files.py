@@ -58,11 +58,11 @@ from ppo.config import PRESETS, RENAMED_FIELDS, field_help
 from ppo.suggest import did_you_mean
 
 from . import registry
+from .sweep_plan import DEFAULT_SEEDS
 from .registry import Ablation, Variant
 
 FILE_SUFFIXES = (".yaml", ".yml", ".toml")
 DEFINITION_FILE = "ablation.yaml"  # SWEEP_DIR/<ablation>/ablation.yaml
-DEFAULT_SEEDS = 3  # seeds of a sweep whose command and ablation name none
 
 FIELDS = ("name", "question", "preset", "testbed", "base", "metric", "extra_metrics", "seeds", "steps",
           "overrides", "variants", "grid", "claims")

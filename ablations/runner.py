@@ -71,11 +71,10 @@ from typing import TYPE_CHECKING, Iterable
 
 from ppo.run_dir import LOCK_FD_VARIABLE, RunLock
 
-from .ablation_files import DEFAULT_SEEDS, store_definitions
 from .run_dirs import REUSED_FROM, completed_runs_by_fingerprint, copy_run, prepare_run_dir
 from .run_process import (PR_SET_PDEATHSIG, STOP_GRACE_SECONDS, SweepInterrupted, _die_with_parent, _live_lock,
                           _live_processes, _raise_interrupted, _stop_process_group, code_roots)
-from .sweep_plan import (RESUME_IGNORED_FIELDS, REUSE_IGNORED_FIELDS, RunOutcome, RunSpec, SweepResult,
+from .sweep_plan import (DEFAULT_SEEDS, RESUME_IGNORED_FIELDS, REUSE_IGNORED_FIELDS, RunOutcome, RunSpec, SweepResult,
                          config_fingerprint, plan_runs, resolve_ablation, sweep_config, tracked_config)
 
 if TYPE_CHECKING:
@@ -310,14 +309,20 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
 
     # Absolute, so a run's paths mean the same thing on a worker with another working directory.
     sweep_dir = Path(sweep_dir).absolute()
-    seeds_of = {a.name: seeds if seeds is not None else a.seeds or DEFAULT_SEEDS for a in ablations}
+    seeds_of = {a.name: seeds if seeds is not None else getattr(a, "seeds", None) or DEFAULT_SEEDS for a in ablations}
     specs = [spec for ablation in ablations for spec in plan_runs(ablation, seeds_of[ablation.name], steps, sweep_dir)]
     for spec in specs:
         spec.config = tracked_config(spec, sweep_dir.name, report_to)
         spec.config = sweep_config(spec.config, threads, compile_forward)
     make_sweep_dir(sweep_dir)
     # The sweep remembers what it is: report, claims and a later run read the definitions here.
-    store_definitions(sweep_dir, ablations)
+    # (Only `Ablation`s have one; if the registry module was never imported, nothing is one.)
+    registry = sys.modules.get("ablations.registry")
+    described = [a for a in ablations if registry is not None and isinstance(a, registry.Ablation)]
+    if described:
+        from .ablation_files import store_definitions
+
+        store_definitions(sweep_dir, described)
     # The threads every run was given (its provenance records the same), not the backend's default.
     _write_sweep_json(sweep_dir, names, seeds if seeds is not None else seeds_of, steps, workers,
                       {**backend.describe(), "threads_per_run": threads}, compile_forward, report_to)

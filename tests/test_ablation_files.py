@@ -341,3 +341,11 @@ def test_ctrl_c_in_ppo_train_prints_the_resume_line(tmp_path, tiny_model_dir):
     assert line.endswith(f"resume with: python -m ppo.cli --output-dir {run} --resume")
     named = Path(line.split("last checkpoint ", 1)[1].split(";", 1)[0])
     assert named.parent == run / "checkpoints" and (named / "state.json").is_file()
+
+
+def test_the_documented_example_file_loads():
+    """docs/sweeps.md's worked file: three variants, k3 the base, two registered claims."""
+    ablation = load_ablation_file(REPO / "docs" / "examples" / "my_kl.yaml")
+    assert [v.name for v in ablation.variants] == ["k3", "k1", "k2"] and ablation.seeds == 3
+    assert [(c.first, c.direction, c.seeds) for c in ablation.claims] == [
+        (("k1", "kl_k1"), 1, (1, 2, 3)), (("k1", "final_sampled_accuracy"), 0, (1, 2, 3))]

@@ -269,6 +269,10 @@ def test_misspelled_names_and_flags_get_a_suggestion(capsys):
     with pytest.raises(SystemExit):
         train_main(["--preset", "grpo", "--set", "whiten_reward=false"])
     assert "unknown field 'whiten_reward' (did you mean 'whiten_rewards'?)" in capsys.readouterr().err
+    from ppo.config import PPOConfig
+
+    with pytest.raises(ValueError, match=r"unknown field\(s\) \['kl_coeff'\] \(did you mean 'kl_coef'\?\)"):
+        PPOConfig.from_dict({"kl_coeff": 0.1})
 
 
 @pytest.mark.parametrize("out", ["/proc/sweepx", "a_file"])

@@ -3,7 +3,7 @@
 Commands::
 
     python -m ablations list
-    python -m ablations run NAME [NAME ...] [--seeds 3] [--steps N] [--workers N] [--threads N] [--out DIR] [--no-reuse]
+    python -m ablations run NAME|FILE.yaml [...] [--seeds 3] [--steps N] [--workers N] [--threads N] [--out DIR] [--no-reuse]
                             [--variants VARIANT ...] [--compile]
                             [--backend local|ray|slurm] [--address auto] [--cpus-per-run N] [--gpus-per-run N]
     python -m ablations report DIR
@@ -14,8 +14,10 @@ Commands::
     python -m ablations noise SWEEP_DIR [--draws 4] [--samples-per-prompt 1,16] [--seeds 5] [--json FILE]
     python -m ablations aa SWEEP_DIR [--verdict-seeds 5] [--json FILE]
 
-``run`` writes one ``ppo-train`` run directory per variant x seed under ``DIR/<ablation>/``
-(default ``DIR = sweeps/<first NAME>``), skips runs that are already complete and retries
+``run`` takes registered ablations or ablation files (YAML/TOML, `ablations.ablation_files`)
+and writes one ``ppo-train`` run directory per variant x seed under ``DIR/<ablation>/``
+(default ``DIR = sweeps/<first NAME>``), with the ablation's definition beside them
+(``DIR/<ablation>/ablation.yaml``, which ``report`` and ``claims`` read), skips runs that are already complete and retries
 failed ones (see `ablations.runner`), then builds the report: ``results.csv``,
 ``report.md`` (mean and spread over seeds) and ``plots/`` in DIR. ``--backend ray`` runs each
 run as a task on a Ray cluster, ``--backend slurm`` as a Slurm job (`ablations.backends`).
@@ -27,6 +29,8 @@ import argparse
 import importlib
 import sys
 from pathlib import Path
+
+from ppo.suggest import SuggestingParser, did_you_mean
 
 # Exit code for a bad command line (unknown ablation, missing directory), as argparse uses.
 USAGE_ERROR = 2
@@ -76,17 +80,48 @@ def _build_and_show_report(sweep_dir: Path, allow_mixed: bool = False) -> int:
     return 0
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def _resolve(names: list[str], out: str | None) -> tuple[list, Path]:
+    """The ablations a ``run`` names, and the sweep directory.
+
+    Each NAME is an ablation file (``.yaml``, ``.yml``, ``.toml``: read, checked and
+    registered), a registered ablation, or one whose definition the sweep directory stores
+    (``--out``, default ``sweeps/<first NAME>``): an ablation file's sweep continues by name.
+    Raises ValueError for an unusable file, LookupError for unknown names (the known ones
+    listed, the closest suggested).
+    """
+    from .ablation_files import is_ablation_file, load_ablation_file, read_stored
+
+    files = {name: load_ablation_file(name) for name in names if is_ablation_file(name)}
+    first = files[names[0]].name if names[0] in files else names[0]
+    sweep_dir = Path(out) if out else Path("sweeps") / first
     known = _known_ablations()
-    names = list(dict.fromkeys(args.names))
-    unknown = [name for name in names if name not in known]
+    ablations, unknown = [], []
+    for name in names:
+        if name in files:
+            ablations.append(files[name])
+        elif name in known:
+            ablations.append(known[name])
+        elif (stored := read_stored(sweep_dir, name) if sweep_dir.is_dir() else None) is not None:
+            ablations.append(stored)
+        else:
+            unknown.append(name)
     if unknown:
-        print(_unknown_names_message(unknown, known), file=sys.stderr)
-        return USAGE_ERROR
+        hints = "".join(f"\n{name}{did_you_mean(name, known)}" for name in unknown if did_you_mean(name, known))
+        raise LookupError(_unknown_names_message(unknown, known) + hints
+                          + "\nan ablation file is named by its path (e.g. my_ablation.yaml)")
+    return ablations, sweep_dir
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    names = list(dict.fromkeys(args.names))
     try:
         from .sweep_plan import select_variants
 
-        ablations = select_variants([known[name] for name in names], args.variants)
+        ablations, sweep_dir = _resolve(names, args.out)
+        ablations = select_variants(ablations, args.variants)
+    except LookupError as error:
+        print(error, file=sys.stderr)
+        return USAGE_ERROR
     except ValueError as error:
         print(f"run: {error}", file=sys.stderr)
         return USAGE_ERROR
@@ -95,7 +130,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     from .backends import BackendUnavailable, SweepDirNotShared, make_backend
     from .runner import run_sweep
 
-    sweep_dir = Path(args.out) if args.out else Path("sweeps") / names[0]
     try:
         backend = make_backend(args.backend, workers=args.workers, address=args.address,
                                cpus_per_run=args.cpus_per_run, gpus_per_run=args.gpus_per_run,
@@ -155,7 +189,7 @@ def _positive_seconds(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m ablations", description=__doc__.split("\n\n")[0],
+    parser = SuggestingParser(prog="python -m ablations", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -163,8 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
     listing.set_defaults(handler=cmd_list)
 
     run = commands.add_parser("run", help="sweep ablations over variants x seeds, then build the report")
-    run.add_argument("names", nargs="+", metavar="NAME", help="ablation name(s) (see `list`)")
-    run.add_argument("--seeds", type=_positive_int, default=3, help="seeds per variant (1..N)")
+    run.add_argument("names", nargs="+", metavar="NAME", help="ablation name(s) (see `list`) or ablation file(s) "
+                     "(my.yaml / my.toml: docs/sweeps.md, 'Your own ablation')")
+    run.add_argument("--seeds", type=_positive_int, default=None,
+                     help="seeds per variant (1..N; default: the ablation file's `seeds`, else 3)")
     run.add_argument("--steps", type=_positive_int, default=None,
                      help="RL steps per run (default: the ablation's own, else the preset's testbed value)")
     run.add_argument("--workers", type=_positive_int, default=None,

@@ -11,6 +11,9 @@ directory or its ``results.csv``, prints two markdown tables:
   paired difference from the base variant in the ablation's metric and in held-out sampled
   accuracy, each with the report's verdict (`ablations.report_tables.verdict`).
 
+An ablation file's claims (`ablations.ablation_files`), stored with its sweep, are tested
+beside these: the sweep's definitions say which base, metric and claims it was run with.
+
 With ``--update FILE`` nothing is printed; instead every generated block of FILE is
 rewritten: the text between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``,
 where NAME is ``claims``, ``glance``, ``table:ABLATION`` (that ablation's per-variant and
@@ -50,7 +53,7 @@ from typing import Sequence
 
 from .doc_blocks import block_names, generated_block, replace_block  # noqa: F401  (used by tests and callers)
 from .report_tables import _ablation_table, _fmt, _paired_table, verdict
-from .run_results import TEXT_COLUMNS, ablation_spec, collect_runs
+from .run_results import TEXT_COLUMNS, AblationSpec, collect_runs, spec_for, sweep_specs
 from .stats import as_float as _as_float
 from .stats import MIN_PAIRS, paired_difference, t_two_sided_p
 from .variant_comparison import paired_differences, summarise
@@ -199,6 +202,13 @@ def read_results(source: str | Path) -> list[dict]:
                 raise ValueError(f"{source}, line {line}: bad row ({error})") from error
             rows.append(row)
     return rows
+
+
+def sweep_claims(specs: dict[str, AblationSpec] | None = None) -> tuple[Claim, ...]:
+    """The claims a sweep is tested on: the registered `CLAIMS`, then the claims stored with
+    the definitions of its ablations (an ablation file's `claims:`)."""
+    stored = tuple(claim for spec in (specs or {}).values() for claim in spec.claims)
+    return CLAIMS + tuple(claim for claim in stored if claim not in CLAIMS)
 
 
 def _parse_number(text: str | None) -> float:
@@ -408,14 +418,16 @@ def claims_table(rows: Sequence[dict], claims: Sequence[Claim] = CLAIMS) -> str:
     return "\n".join(lines)
 
 
-def glance_table(rows: Sequence[dict]) -> str:
-    """One line per (ablation, non-base variant): metric and accuracy differences with verdicts."""
-    pairs = {(p["ablation"], p["variant"], p["column"]): p for p in paired_differences(rows)}
+def glance_table(rows: Sequence[dict], specs: dict[str, AblationSpec] | None = None) -> str:
+    """One line per (ablation, non-base variant): metric and accuracy differences with verdicts
+    (`specs`: the ablations' descriptions, default the registry's)."""
+    pairs = {(p["ablation"], p["variant"], p["column"]): p for p in paired_differences(rows, specs=specs)}
     lines = ["| ablation | variant - base | metric: difference (95% CI) | verdict | held-out sampled accuracy: "
              "difference (95% CI) | verdict |", "|---|---|---|---|---|---|"]
     for ablation, variant in dict.fromkeys((a, v) for a, v, _ in pairs):
-        metric_pair, accuracy_pair = pairs[(ablation, variant, "metric_value")], pairs[(ablation, variant, ACC)]
-        metric = ablation_spec(ablation).metric
+        metric = spec_for(ablation, specs).metric
+        metric_pair = pairs[(ablation, variant, "metric_value")]
+        accuracy_pair = metric_pair if metric == ACC else pairs[(ablation, variant, ACC)]  # the metric holds it
         style = _style(metric)
         lines.append(f"| `{ablation}` | `{variant}` - `{metric_pair['base']}` | `{metric}`: "
                      f"{_difference(metric_pair, style)} | {verdict(metric_pair, style)} | "
@@ -428,30 +440,32 @@ DOC_PAIRED_COLUMNS = ("metric_value", "final_sampled_accuracy", "final_greedy_ac
                       "response_length_correct", "response_length_incorrect")
 
 
-def _doc_paired_table(chosen: Sequence[dict], ablation: str, base: str | None = None) -> str:
-    spec = ablation_spec(ablation)
+def _doc_paired_table(chosen: Sequence[dict], ablation: str, base: str | None = None,
+                      specs: dict[str, AblationSpec] | None = None) -> str:
+    spec = spec_for(ablation, specs)
     columns = DOC_PAIRED_COLUMNS + tuple(c for c in spec.extra_metrics if c not in DOC_PAIRED_COLUMNS)
-    return _paired_table(paired_differences(chosen, base), spec.metric, columns)
+    return _paired_table(paired_differences(chosen, base, specs), spec.metric, columns)
 
 
-def ablation_tables(rows: Sequence[dict], ablation: str) -> str:
+def ablation_tables(rows: Sequence[dict], ablation: str, specs: dict[str, AblationSpec] | None = None) -> str:
     """One ablation's tables as in its report: per variant (mean ± 95% CI over seeds), then
     the paired differences from the base variant with their verdicts."""
     chosen = [r for r in rows if r["ablation"] == ablation]
     if not chosen:
         return f"(`{ablation}` is not in this sweep)"
-    paired = _doc_paired_table(chosen, ablation)
-    return _ablation_table(summarise(chosen)) + (f"\n\n{paired}" if paired else "")
+    paired = _doc_paired_table(chosen, ablation, specs=specs)
+    return _ablation_table(summarise(chosen, specs)) + (f"\n\n{paired}" if paired else "")
 
 
-def paired_against(rows: Sequence[dict], ablation: str, base: str) -> str:
+def paired_against(rows: Sequence[dict], ablation: str, base: str,
+                   specs: dict[str, AblationSpec] | None = None) -> str:
     """The paired table of one ablation against another of its variants, `base` (for a
     comparison the registry's base variant is not part of, e.g. two arms that share a
     setting the base lacks)."""
     chosen = [r for r in rows if r["ablation"] == ablation]
     if not chosen:
         return f"(`{ablation}` is not in this sweep)"
-    return _doc_paired_table(chosen, ablation, base) or f"(no paired seeds against `{base}`)"
+    return _doc_paired_table(chosen, ablation, base, specs) or f"(no paired seeds against `{base}`)"
 
 
 # ==========================================================================================
@@ -473,7 +487,8 @@ def instrument_table(kind: str, path: Path) -> str:
     return markdown(data["result"])
 
 
-def generated_tables(rows: Sequence[dict], names: Sequence[str]) -> dict[str, str]:
+def generated_tables(rows: Sequence[dict], names: Sequence[str],
+                     specs: dict[str, AblationSpec] | None = None) -> dict[str, str]:
     """What each named block must hold: ``claims``, ``glance``, ``table:ABLATION``,
     ``pairs:ABLATION:VARIANT`` (every other variant paired against VARIANT),
     ``glance:DIR`` (the at-a-glance lines of the sweep committed in docs/results/DIR/),
@@ -484,9 +499,9 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str]) -> dict[str, st
     tables = {}
     for name in names:
         if name == "claims":
-            tables[name] = claims_table(rows)
+            tables[name] = claims_table(rows, sweep_claims(specs))
         elif name == "glance":
-            tables[name] = glance_table(rows)
+            tables[name] = glance_table(rows, specs)
         elif name.startswith("glance:"):  # another committed sweep: docs/results/DIR/results.csv
             tables[name] = glance_table(read_results(RESULTS_DIR / name.split(":", 1)[1] / "results.csv"))
         elif name.startswith("gains:"):  # every variant's gain over its start, docs/results/DIR/results.csv
@@ -501,10 +516,10 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str]) -> dict[str, st
             kind, label = name.split(":", 1)
             tables[name] = instrument_table(kind, RESULTS_DIR / "data" / f"{kind}_{label}.json")
         elif name.startswith("table:"):
-            tables[name] = ablation_tables(rows, name.split(":", 1)[1])
+            tables[name] = ablation_tables(rows, name.split(":", 1)[1], specs)
         elif name.startswith("pairs:") and name.count(":") == 2:
             _, ablation, base = name.split(":")
-            tables[name] = paired_against(rows, ablation, base)
+            tables[name] = paired_against(rows, ablation, base, specs)
         else:
             raise ValueError(f"unknown generated block {name!r} (claims, glance, table:ABLATION, "
                              "pairs:ABLATION:VARIANT, glance:DIR, gains:DIR, starts:DIR, noise:NAME or aa:NAME)")
@@ -518,16 +533,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         rows = read_results(args.results)
+        specs = sweep_specs(args.results, (r["ablation"] for r in rows))
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if not args.update:
-        print(claims_table(rows), glance_table(rows), sep="\n\n")
+        print(claims_table(rows, sweep_claims(specs)), glance_table(rows, specs), sep="\n\n")
         return 0
     path = Path(args.update)
     text = path.read_text()
     try:
-        tables = generated_tables(rows, block_names(text))
+        tables = generated_tables(rows, block_names(text), specs)
         for name, content in tables.items():
             text = replace_block(text, name, content)
     except ValueError as error:

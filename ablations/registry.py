@@ -6,7 +6,11 @@ overrides, always scaled for the CPU testbed; the ablation names the metrics.jso
 that answers its question, so the report can plot it next to the learning curves.
 
 Adding an ablation is adding one `register(...)` call; the runner and the report need no
-change. ``python -m ablations list`` prints them all.
+change. ``python -m ablations list`` prints them all. An ablation of one's own needs no code
+at all: an ablation file (YAML or TOML, `ablations.ablation_files`) names the same things and
+``python -m ablations run my.yaml`` registers and runs it exactly as one of these.
+
+The first variant is the base: the report pairs every other variant with it, seed by seed.
 """
 
 from __future__ import annotations
@@ -73,7 +77,15 @@ class Ablation:
     variants: tuple[Variant, ...]
     metric: str
     extra_metrics: tuple[str, ...] = ()
-    steps: int | None = None  # None: the preset's testbed value
+    steps: int | None = None  # None: the preset's (testbed) value
+    testbed: bool = True  # scale the presets for the CPU testbed (`ppo.presets.TESTBED_SCALE`)
+    seeds: int | None = None  # seeds a sweep runs when its command names none (None: the command's default)
+    claims: tuple = ()  # claims registered with the ablation (`ablations.claims.Claim`), e.g. from a file
+
+    @property
+    def base(self) -> Variant:
+        """The variant every other one is compared with: the first."""
+        return self.variants[0]
 
     def __post_init__(self):
         check_name("ablation", self.name)
@@ -86,7 +98,7 @@ class Ablation:
         total_steps = steps or self.steps
         if total_steps is not None:
             overrides["total_steps"] = total_steps
-        return preset(variant.preset, testbed=True, seed=seed + variant.seed_offset, output_dir=output_dir,
+        return preset(variant.preset, testbed=self.testbed, seed=seed + variant.seed_offset, output_dir=output_dir,
                       progress=False, **overrides)
 
     def variant(self, name: str) -> Variant:
@@ -100,14 +112,16 @@ ABLATIONS: dict[str, Ablation] = {}
 
 
 def register(name: str, question: str, variants: list[Variant], metric: str,
-             extra_metrics: tuple[str, ...] = (), steps: int | None = None) -> Ablation:
+             extra_metrics: tuple[str, ...] = (), steps: int | None = None, testbed: bool = True,
+             seeds: int | None = None, claims: tuple = ()) -> Ablation:
     check_name("ablation", name)
     if name in ABLATIONS:
         raise ValueError(f"ablation {name!r} is already registered")
     names = [v.name for v in variants]
     if len(set(names)) != len(names):
         raise ValueError(f"ablation {name!r}: duplicate variant names {names}")
-    ablation = Ablation(name, question, tuple(variants), metric, tuple(extra_metrics), steps)
+    ablation = Ablation(name, question, tuple(variants), metric, tuple(extra_metrics), steps, testbed, seeds,
+                        tuple(claims))
     ABLATIONS[name] = ablation
     return ablation
 

@@ -29,7 +29,7 @@ from .report_plots import SMOOTHING_WINDOW, Curve, _plot_ablation, _runs_for_plo
 from .report_tables import _ablation_table, _by_ablation, _paired_table, format_table, gain_lines, verdict
 from .run_results import (DEFAULT_METRIC, RUN_COLUMNS, SEED_DIR, TAIL_COLUMNS, TAIL_FRACTION_DENOMINATOR,
                           TEXT_COLUMNS, WHOLE_RUN_SUFFIX, AblationSpec, _run_dirs, ablation_spec, collect_runs,
-                          read_metrics, run_mean, series, tail_mean)
+                          read_metrics, run_mean, series, sweep_specs, tail_mean)
 from .stats import MIN_PAIRS
 from .variant_comparison import PAIRED_COLUMNS, base_variant, paired_differences, summarise
 
@@ -179,6 +179,18 @@ def missing_planned_runs(sweep_dir: Path, rows: Sequence[dict]) -> list[str]:
     return missing
 
 
+def _definition_line(spec: AblationSpec, variants: Sequence[str]) -> str:
+    """Where the ablation's base, metric and variants come from, in one sentence."""
+    base = spec.base or sorted(variants)[0]
+    if spec.origin == "sweep":
+        return f"Base: `{base}`. Definition stored with the sweep: `{spec.name}/ablation.yaml`."
+    if spec.origin == "registry":
+        return (f"Base: `{base}`. Definition from the registry (`python -m ablations list`): none is stored "
+                "with this sweep.")
+    return (f"No definition: `{spec.name}` is neither stored with this sweep nor registered, so the metric is "
+            f"the default `{DEFAULT_METRIC}` and every variant is paired with `{base}`, the first by name.")
+
+
 def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None, allow_mixed: bool = False) -> Path:
     """Write ``results.csv``, ``summary.csv``, ``report.md`` and ``plots/*.png``; return report.md's path.
 
@@ -194,8 +206,9 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None, allow
     provenance_line = pooled_provenance(rows, allow_mixed)
     missing = missing_planned_runs(sweep_dir, rows)
     plot_dir.mkdir(parents=True, exist_ok=True)
-    entries = summarise(rows)
-    pairs = paired_differences(rows)
+    specs = sweep_specs(sweep_dir, (r["ablation"] for r in rows))
+    entries = summarise(rows, specs)
+    pairs = paired_differences(rows, specs=specs)
     _write_csv(out_dir / "results.csv", rows, RUN_COLUMNS)
     _write_csv(out_dir / "paired.csv", [{k: v for k, v in p.items() if k != "seeds"} for p in pairs],
                ("ablation", "variant", "base", "column"))
@@ -215,9 +228,10 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None, allow
         "",
         "Columns: *final sampled acc* is held-out accuracy at temperature 1 after training, mean over "
         "the ok seeds ± the 95% Student-t half-width (n/a for one seed); *gain* is final minus "
-        "initial sampled accuracy; *reward*, *KL* (the configured estimator, possibly clipped), "
-        "*true KL (k1)*, *length* (training responses, correct / incorrect) and the ablation's "
-        "metric are means over the last 10% of training steps, then over seeds; *wall s* is the "
+        "initial sampled accuracy; *reward*, *KL in use* (`kl`: the configured estimator, possibly "
+        "clipped, the KL the run was penalised with), *true KL* (`kl_k1`: the unclipped k1 estimate), "
+        "*length* (training responses, correct / incorrect) and the ablation's metric (marked "
+        "*(metric)*) are means over the last 10% of training steps, then over seeds; *wall s* is the "
         "wall time of a run's last session. Every cell is the mean over seeds ± the 95% half-width.",
         "",
         "Conclusions rest on the **paired** tables: variants share seeds, so each variant's difference "
@@ -240,16 +254,23 @@ def build_report(sweep_dir: str | Path, out_dir: str | Path | None = None, allow
                   "`results.csv` names the source in `reused_from`."]
 
     for ablation, ablation_entries in _by_ablation(entries).items():
-        spec = ablation_spec(ablation)
+        spec = specs[ablation]
         variants = [e["variant"] for e in ablation_entries]
         colours = {v: f"C{i % 10}" for i, v in enumerate(variants)}
         lines += ["", f"## {ablation}", ""]
         if spec.question:
             lines += [spec.question, ""]
-        lines += [f"Metric: `{spec.metric}`.", "", _ablation_table(ablation_entries)]
+        lines += [f"Metric: `{spec.metric}`. {_definition_line(spec, variants)}", "", _ablation_table(ablation_entries)]
+        if not any(e["metric_value_n"] for e in ablation_entries):
+            lines += ["", f"No run has a value of the metric `{spec.metric}`: it is neither a column of "
+                      "`results.csv` nor a key any run logged to metrics.jsonl (or no run finished)."]
         paired = _paired_table([p for p in pairs if p["ablation"] == ablation], spec.metric)
         if paired:
             lines += ["", paired]
+        else:
+            base = base_variant(ablation, variants, spec)
+            if not any(e["variant"] == base and e["n_ok"] for e in ablation_entries):
+                lines += ["", f"No paired table: the base variant `{base}` has no finished run."]
         gains = gain_lines(rows, ablation)
         if gains:
             lines += ["", gains]

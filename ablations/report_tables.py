@@ -7,7 +7,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .run_results import collect_runs
+from .run_results import collect_runs, sweep_specs
 from .stats import MIN_PAIRS, paired_difference
 from .variant_comparison import paired_differences, summarise
 
@@ -51,28 +51,28 @@ def _fmt_ci(entry: dict, column: str, style: str) -> str:
     return f"{_fmt(entry[f'{column}_mean'], style)} ± {interval}"
 
 
+# The fixed columns of an ablation's table: header, row key, number style. A metric that is
+# one of these keys is marked in its column rather than shown twice.
+TABLE_COLUMNS = (("final sampled acc", "final_sampled_accuracy", "acc"), ("gain", "accuracy_gain", "signed"),
+                 ("reward", "reward", "g"), ("KL in use (`kl`)", "kl", "g"), ("true KL (`kl_k1`)", "kl_k1", "g"),
+                 ("length correct", "response_length_correct", "g"),
+                 ("length incorrect", "response_length_incorrect", "g"))
+
+
 def _ablation_table(entries: Sequence[dict]) -> str:
     """The markdown table of one ablation (entries: its `summarise` rows)."""
     metric = entries[0]["metric"]
-    header = ["variant", "seeds ok", "final sampled acc", "gain", "reward", "KL", "true KL (k1)",
-              "length correct", "length incorrect", f"`{metric}`", "wall s", "samples"]
+    metric_style = "acc" if metric.endswith("accuracy") else "g"
+    columns = [(f"{label} (metric)" if key == metric else label, key if key != metric else "metric_value", style)
+               for label, key, style in TABLE_COLUMNS]
+    if metric not in {key for _, key, _ in TABLE_COLUMNS}:
+        columns.append((f"`{metric}` (metric)", "metric_value", metric_style))
+    header = ["variant", "seeds ok", *(label for label, _, _ in columns), "wall s", "samples"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for e in entries:
-        metric_style = "acc" if metric.endswith("accuracy") else "g"
-        cells = [
-            e["variant"],
-            f"{e['n_ok']}/{e['n_runs']}",
-            _fmt_ci(e, "final_sampled_accuracy", "acc"),
-            _fmt_ci(e, "accuracy_gain", "signed"),
-            _fmt_ci(e, "reward", "g"),
-            _fmt_ci(e, "kl", "g"),
-            _fmt_ci(e, "kl_k1", "g"),
-            _fmt_ci(e, "response_length_correct", "g"),
-            _fmt_ci(e, "response_length_incorrect", "g"),
-            _fmt_ci(e, "metric_value", metric_style),
-            _fmt_ci(e, "wall_seconds", "int"),
-            _fmt(e["samples_mean"], "int"),
-        ]
+        cells = [e["variant"], f"{e['n_ok']}/{e['n_runs']}",
+                 *(_fmt_ci(e, key, style) for _, key, style in columns),
+                 _fmt_ci(e, "wall_seconds", "int"), _fmt(e["samples_mean"], "int")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -184,10 +184,11 @@ def _by_ablation(entries: Sequence[dict]) -> dict[str, list[dict]]:
 def format_table(sweep_dir: str | Path) -> str:
     """The markdown tables of every ablation in the sweep, for printing to a terminal."""
     rows = collect_runs(sweep_dir)
-    grouped = _by_ablation(summarise(rows))
+    specs = sweep_specs(sweep_dir, (r["ablation"] for r in rows))
+    grouped = _by_ablation(summarise(rows, specs))
     if not grouped:
         return f"(no run directories under {sweep_dir})"
-    pairs = paired_differences(rows)
+    pairs = paired_differences(rows, specs=specs)
     parts = []
     for ablation, entries in grouped.items():
         paired = _paired_table([p for p in pairs if p["ablation"] == ablation], entries[0]["metric"])
@@ -195,5 +196,3 @@ def format_table(sweep_dir: str | Path) -> str:
         parts.append(f"## {ablation}\n\n{_ablation_table(entries)}" + (f"\n\n{paired}" if paired else "")
                      + (f"\n\n{gains}" if gains else ""))
     return "\n\n".join(parts)
-
-

@@ -3,8 +3,8 @@
 A sweep is laid out as ``SWEEP_DIR/<ablation>/<variant>/seed<k>/``, each leaf an ordinary
 run directory (``config.yaml``, ``metrics.jsonl``, ``summary.json`` once the run finished,
 ``error.txt`` if it failed). Reading never re-runs anything, so it can be pointed at a sweep
-that is still running. The registry's description of each ablation (`ablation_spec`) says
-which metrics a row carries.
+that is still running. Each ablation's description (`ablation_spec`: the definition stored
+with the sweep, else the registry's) says which metrics a row carries.
 
 Per-run numbers (`collect_runs`, one row per run directory, also written to ``results.csv``):
 
@@ -29,7 +29,8 @@ Per-run numbers (`collect_runs`, one row per run directory, also written to ``re
     response_length_correct,
     response_length_incorrect   training response lengths, same last-10% window
     wall_seconds, samples       from summary.json (wall time of the last session only)
-    metric, metric_value        the ablation's own metric (name, last-10% mean)
+    metric, metric_value        the ablation's own metric: its name, and its value (the row's
+                                column of that name, else the key's last-10% mean)
     reused_from                 for a run copied from an identical run (see the runner):
                                 that run's path; "" for a run that trained
     warnings                    summary.json's warnings, one per line: settings the run
@@ -84,25 +85,53 @@ TEXT_COLUMNS = ("ablation", "variant", "seed", "status", "error", "path", "metri
 
 
 # ==========================================================================================
-# The ablation's description (registry, or a fallback for sweeps the registry doesn't know)
+# The ablation's description (stored with the sweep, the registry's, or a named fallback)
 # ==========================================================================================
 @dataclass(frozen=True)
 class AblationSpec:
-    """What the report needs to know about one ablation."""
+    """What the report needs to know about one ablation, and where that came from."""
 
     name: str
     question: str = ""
     metric: str = DEFAULT_METRIC
     extra_metrics: tuple[str, ...] = ()
     variants: tuple[str, ...] = ()  # preferred display order; variants on disk but not here go last
+    base: str = ""  # the variant the others are paired with ("": the first by name, for a sweep no one described)
+    origin: str = "default"  # "sweep" (stored with it), "registry", or "default" (neither knew it)
+    claims: tuple = ()  # claims stored with the sweep's definition (`ablations.claims.Claim`)
 
 
-def ablation_spec(name: str) -> AblationSpec:
-    """The registry's description of `name`, or a neutral default when it has none.
+def _spec_of(ablation, origin: str) -> AblationSpec:
+    variants = tuple(getattr(v, "name", str(v)) for v in (getattr(ablation, "variants", None) or ()))
+    return AblationSpec(
+        name=ablation.name,
+        question=getattr(ablation, "question", "") or "",
+        metric=getattr(ablation, "metric", None) or DEFAULT_METRIC,
+        extra_metrics=tuple(getattr(ablation, "extra_metrics", None) or ()),
+        variants=variants,
+        base=variants[0] if variants else "",
+        origin=origin,
+        claims=tuple(getattr(ablation, "claims", None) or ()) if origin == "sweep" else (),
+    )
 
-    The registry is imported lazily so the report works on any sweep directory (copied from
-    another machine, made by hand, or of an ablation since renamed) and without the registry.
+
+def ablation_spec(name: str, sweep_dir: str | Path | None = None) -> AblationSpec:
+    """The description of ablation `name`: the definition stored in `sweep_dir`
+    (``<name>/ablation.yaml``, `ablations.ablation_files`), else the registry's, else a neutral
+    default (metric `DEFAULT_METRIC`, base the first variant by name) that the report names.
+
+    A stored definition wins over the registry: it is what the sweep ran, even if the
+    registry has changed since. One that cannot be read raises `ValueError` naming the file:
+    its results are never reported against another base or metric. The registry is imported
+    lazily so the report works on any sweep directory (copied from another machine, made by
+    hand, or of an ablation since renamed) and without the registry.
     """
+    if sweep_dir is not None:
+        from .ablation_files import read_stored
+
+        stored = read_stored(sweep_dir, name)
+        if stored is not None:
+            return _spec_of(stored, "sweep")
     try:
         from ablations.registry import get_ablation
     except ImportError:
@@ -114,14 +143,22 @@ def ablation_spec(name: str) -> AblationSpec:
     except Exception as error:  # a registry bug should not cost the results of a finished sweep
         warnings.warn(f"ablation registry failed on {name!r} ({error!r}); reporting it with defaults")
         return AblationSpec(name)
-    variants = tuple(getattr(v, "name", str(v)) for v in (getattr(ablation, "variants", None) or ()))
-    return AblationSpec(
-        name=name,
-        question=getattr(ablation, "question", "") or "",
-        metric=getattr(ablation, "metric", None) or DEFAULT_METRIC,
-        extra_metrics=tuple(getattr(ablation, "extra_metrics", None) or ()),
-        variants=variants,
-    )
+    return _spec_of(ablation, "registry")
+
+
+def sweep_specs(source: str | Path, names: Iterable[str]) -> dict[str, AblationSpec]:
+    """`ablation_spec` of each of `names` for a sweep directory or its ``results.csv`` (whose
+    folder is the sweep directory)."""
+    source = Path(source)
+    directory = source if source.is_dir() else source.parent
+    return {name: ablation_spec(name, directory) for name in dict.fromkeys(names)}
+
+
+def spec_for(name: str, specs: "dict[str, AblationSpec] | None") -> AblationSpec:
+    """`specs[name]` when given, else `ablation_spec(name)` (the registry's description)."""
+    if specs is not None and name in specs:
+        return specs[name]
+    return ablation_spec(name)
 
 
 # ==========================================================================================
@@ -311,12 +348,16 @@ def _run_row(sweep_dir: Path, ablation: str, variant: str, seed: int, run_dir: P
         "wall_seconds": _as_float(summary.get("wall_seconds_this_session")),
         "samples": _whole(_as_float(summary.get("samples"))),
         "metric": spec.metric,
-        "metric_value": tail_mean(rows, spec.metric),
+        "metric_value": float("nan"),  # below: a column of this row, or a logged key
         "reused_from": _reused_from(sweep_dir, run_dir),
         # Settings the run accepted but never read (ppo/config_checks.py), one per line.
         "warnings": "\n".join(summary.get("warnings") or []),
         **{f"prov_{name}": (summary.get("provenance") or {}).get(name, "") for name in PROVENANCE_FIELDS},
     }
+    # A metric that is a column of the row (final_sampled_accuracy, accuracy_gain ...) is that
+    # column; any other is a metrics.jsonl key, averaged over the last 10% of steps.
+    row["metric_value"] = (_as_float(row[spec.metric]) if spec.metric in row and spec.metric not in TEXT_COLUMNS
+                           else tail_mean(rows, spec.metric))
     for key in spec.extra_metrics:
         row.setdefault(key, tail_mean(rows, key))
     for key in spec.extra_metrics:
@@ -332,7 +373,8 @@ def collect_runs(sweep_dir: str | Path) -> list[dict]:
     specs: dict[str, AblationSpec] = {}
     result = []
     for ablation, variant, seed, run_dir in _run_dirs(sweep_dir):
-        spec = specs.setdefault(ablation, ablation_spec(ablation))
-        result.append(_run_row(sweep_dir, ablation, variant, seed, run_dir, spec))
+        if ablation not in specs:
+            specs[ablation] = ablation_spec(ablation, sweep_dir)
+        result.append(_run_row(sweep_dir, ablation, variant, seed, run_dir, specs[ablation]))
     return result
 

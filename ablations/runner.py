@@ -2,7 +2,10 @@
 
 A sweep directory holds one ordinary ``ppo-train`` run directory per (ablation, variant, seed)::
 
-    SWEEP_DIR/sweep.json                          what was asked for (ablations, seeds, steps, command)
+    SWEEP_DIR/sweep.json                          what was asked for (ablations, seeds, steps, command,
+                                                  the backend and the threads every run was given)
+    SWEEP_DIR/<ablation>/ablation.yaml            the ablation's definition: base, metric, variants,
+                                                  claims (`ablations.ablation_files`)
     SWEEP_DIR/<ablation>/<variant>/seed<k>/       one run: config.yaml, metrics.jsonl, summary.json ...
         requested_config.yaml                     the config the runner launched it with
         stdout.log                                everything the run printed, appended per attempt
@@ -73,7 +76,7 @@ from ppo.run_dir import LOCK_FD_VARIABLE, RunLock
 from .run_dirs import REUSED_FROM, completed_runs_by_fingerprint, copy_run, prepare_run_dir
 from .run_process import (PR_SET_PDEATHSIG, STOP_GRACE_SECONDS, SweepInterrupted, _die_with_parent, _live_lock,
                           _live_processes, _raise_interrupted, _stop_process_group, code_roots)
-from .sweep_plan import (RESUME_IGNORED_FIELDS, REUSE_IGNORED_FIELDS, RunOutcome, RunSpec, SweepResult,
+from .sweep_plan import (DEFAULT_SEEDS, RESUME_IGNORED_FIELDS, REUSE_IGNORED_FIELDS, RunOutcome, RunSpec, SweepResult,
                          config_fingerprint, plan_runs, refuse_identical_arms, resolve_ablation, sweep_config,
                          tracked_config)
 
@@ -210,7 +213,7 @@ def _command_line() -> str:
     return shlex.join([*head, *sys.argv[1:]])
 
 
-def _write_sweep_json(sweep_dir: Path, names: list[str], seeds: int, steps: int | None, workers: int | None,
+def _write_sweep_json(sweep_dir: Path, names: list[str], seeds: int | dict, steps: int | None, workers: int | None,
                       backend: dict, compile_forward: bool = False, report_to: list[str] | None = None,
                       variants: dict[str, list[str]] | None = None) -> None:
     """Record what was asked for; ablations (and each one's variants) accumulate so one dir can
@@ -257,13 +260,32 @@ def _failed_by_backend(spec: RunSpec, backend_name: str, error: BaseException) -
     return RunOutcome(spec, "failed", None, error=headline)
 
 
-def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path, seeds: int = 3,
+def make_sweep_dir(sweep_dir: Path) -> None:
+    """Create the sweep directory, or say in one sentence why it cannot be used."""
+    if sweep_dir.exists() and not sweep_dir.is_dir():
+        raise ValueError(f"--out {sweep_dir}: a file, not a directory; name a directory for the sweep")
+    try:
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        probe = sweep_dir / f".write_test_{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        reason = error.strerror or type(error).__name__
+        raise ValueError(f"--out {sweep_dir}: cannot write the sweep there ({reason}); name a directory "
+                         "you can write to") from None
+
+
+def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path, seeds: int | None = None,
               steps: int | None = None, workers: int | None = None, timeout: float | None = None,
               progress: bool = True, reuse: bool = True, backend: "Backend | None" = None,
               threads: int | None = None, compile_forward: bool = False,
               report_to: list[str] | None = None) -> SweepResult:
     """Run every variant x seed of the named ablations into `sweep_dir`; see the module doc.
 
+    `seeds` runs seeds 1..seeds of every variant (None: each ablation's own `seeds`, else
+    `DEFAULT_SEEDS`). Before any run, each ablation's definition is stored in the sweep
+    directory, or checked against the one stored there (`store_definitions`: a changed base,
+    metric or variant is refused); an unusable `sweep_dir` raises ValueError naming it.
     `backend` says where the runs execute (`ablations.backends`); the default is a local
     process pool of `workers` concurrent runs (default: one per CPU core); each run gets
     `threads` torch threads (default: the backend's share); `compile_forward` compiles the
@@ -299,13 +321,24 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
 
     # Absolute, so a run's paths mean the same thing on a worker with another working directory.
     sweep_dir = Path(sweep_dir).absolute()
-    specs = [spec for ablation in ablations for spec in plan_runs(ablation, seeds, steps, sweep_dir)]
+    seeds_of = {a.name: seeds if seeds is not None else getattr(a, "seeds", None) or DEFAULT_SEEDS for a in ablations}
+    specs = [spec for ablation in ablations for spec in plan_runs(ablation, seeds_of[ablation.name], steps, sweep_dir)]
     for spec in specs:
         spec.config = tracked_config(spec, sweep_dir.name, report_to)
         spec.config = sweep_config(spec.config, threads, compile_forward)
     refuse_identical_arms(specs)  # before anything is written or run
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    _write_sweep_json(sweep_dir, names, seeds, steps, workers, backend.describe(), compile_forward, report_to,
+    make_sweep_dir(sweep_dir)
+    # The sweep remembers what it is: report, claims and a later run read the definitions here.
+    # (Only `Ablation`s have one; if the registry module was never imported, nothing is one.)
+    registry = sys.modules.get("ablations.registry")
+    described = [a for a in ablations if registry is not None and isinstance(a, registry.Ablation)]
+    if described:
+        from .ablation_files import store_definitions
+
+        store_definitions(sweep_dir, described)
+    # The threads every run was given (its provenance records the same), not the backend's default.
+    _write_sweep_json(sweep_dir, names, seeds if seeds is not None else seeds_of, steps, workers,
+                      {**backend.describe(), "threads_per_run": threads}, compile_forward, report_to,
                       {a.name: [v.name for v in a.variants] for a in ablations})
 
     result = SweepResult(sweep_dir)

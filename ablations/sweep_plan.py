@@ -21,6 +21,8 @@ from ppo.config import PPOConfig
 if TYPE_CHECKING:
     from .registry import Ablation
 
+DEFAULT_SEEDS = 3  # seeds of a sweep whose command and ablation name none
+
 # Config fields that may differ between a checkpoint and a resumed attempt: they change how
 # fast a run goes, what it prints, or how its (same) directory is spelled, not what it computes.
 # ``compile_forward`` is one of them: compiled kernels round differently, as threads do.

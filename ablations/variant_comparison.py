@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .run_results import RUN_COLUMNS, TEXT_COLUMNS, ablation_spec
+from .run_results import RUN_COLUMNS, TEXT_COLUMNS, AblationSpec, spec_for
 from .stats import as_float as _as_float
 from .stats import mean_ci95, paired_difference
 
@@ -20,19 +20,24 @@ PAIRED_COLUMNS = ("final_sampled_accuracy", "final_greedy_accuracy", "metric_val
                   "entropy", "response_length_correct", "response_length_incorrect", "wall_seconds")
 
 
-def base_variant(ablation: str, variants: Sequence[str]) -> str:
-    """The variant others are compared with: the registry's first variant present, else the
-    first in sorted order."""
-    for name in ablation_spec(ablation).variants:
-        if name in variants:
-            return name
+def base_variant(ablation: str, variants: Sequence[str], spec: AblationSpec | None = None) -> str:
+    """The variant others are compared with: the base of the ablation's definition (`spec`,
+    default the registry's), whether or not it has runs; for an ablation no definition
+    describes, the first of `variants` in sorted order."""
+    spec = spec or spec_for(ablation, None)
+    if spec.base:
+        return spec.base
     return sorted(variants)[0]
 
 
-def paired_differences(rows: Sequence[dict], base: str | None = None) -> list[dict]:
+def paired_differences(rows: Sequence[dict], base: str | None = None,
+                       specs: dict[str, AblationSpec] | None = None) -> list[dict]:
     """For every ablation, every non-base variant and every `PAIRED_COLUMNS` column plus the
     ablation's extra metrics: the seed-paired difference from the base variant (ok runs only).
-    `base` names another variant to compare with instead (for rows of one ablation)."""
+    `base` names another variant to compare with instead (for rows of one ablation); `specs`
+    are the ablations' descriptions (`ablations.run_results.sweep_specs`; default the
+    registry's). An ablation whose base has no finished run gets no pairs: another variant
+    never stands in for it."""
     values: dict[tuple[str, str], dict[int, dict]] = {}
     for row in rows:
         if row["status"] == "ok":
@@ -42,8 +47,10 @@ def paired_differences(rows: Sequence[dict], base: str | None = None) -> list[di
         variants = [v for a, v in values if a == ablation]
         if base is not None and base not in variants:
             raise ValueError(f"{ablation}: no variant {base!r} with a finished run (have {', '.join(sorted(variants))})")
-        reference = base if base is not None else base_variant(ablation, variants)
-        spec = ablation_spec(ablation)
+        spec = spec_for(ablation, specs)
+        reference = base if base is not None else base_variant(ablation, variants, spec)
+        if reference not in variants:
+            continue
         order = {name: i for i, name in enumerate(spec.variants)}
         for variant in sorted(variants, key=lambda v: (order.get(v, len(order)), v)):
             if variant == reference:
@@ -64,7 +71,7 @@ def _numeric_columns(rows: Sequence[dict]) -> list[str]:
     return columns
 
 
-def summarise(rows: Sequence[dict]) -> list[dict]:
+def summarise(rows: Sequence[dict], specs: dict[str, AblationSpec] | None = None) -> list[dict]:
     """One row per (ablation, variant): statistics over its ok seeds.
 
     Keys: ablation, variant, question, metric, n_runs, n_ok, n_failed, n_incomplete,
@@ -73,12 +80,13 @@ def summarise(rows: Sequence[dict]) -> list[dict]:
     is the 95% half-width (NaN for n < 2); and ``<column>_mean`` for every other numeric
     column. Failed and incomplete runs are counted but never averaged: a crashed seed's
     partial numbers are not a sample of the variant's result.
-    Ablations are sorted by name; variants follow the registry's order, then the rest sorted.
+    Ablations are sorted by name; variants follow the definition's order (`specs`, default the
+    registry's: base first), then the rest sorted.
     """
     groups: dict[tuple[str, str], list[dict]] = {}
     for row in rows:
         groups.setdefault((row["ablation"], row["variant"]), []).append(row)
-    specs = {ablation: ablation_spec(ablation) for ablation, _ in groups}
+    specs = {ablation: spec_for(ablation, specs) for ablation, _ in groups}
     numeric = _numeric_columns(rows)
 
     def order(key):

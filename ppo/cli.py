@@ -19,7 +19,9 @@ allowed changes are recorded in the run's ``resume_history.jsonl``. A field of
 `RESUMABLE_FIELDS` that a resume does not repeat keeps the run's stored value (not the
 preset's). Config files with a key set twice are refused. Errors of the run (bad config,
 damaged run directory, non-finite rewards, another process writing the run, a tracker
-of ``--report-to`` not installed or not configured) print one message, no traceback.
+of ``--report-to`` not installed or not configured) print one message, no traceback. Ctrl-C
+prints one line: the newest complete checkpoint and the exact command that resumes the run.
+A misspelled flag or ``--set`` field is refused with the closest name ("did you mean").
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -36,6 +39,7 @@ import yaml
 from .config import (PRESETS, RENAMED_FIELDS, RESUMABLE_FIELDS, PPOConfig, field_help, parse_override, preset,
                      upgrade_field_names)
 from .run_dir import read_config_file
+from .suggest import SuggestingParser
 
 
 def _yaml_value(text: str):
@@ -43,7 +47,7 @@ def _yaml_value(text: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = SuggestingParser(
         prog="ppo-train", description=__doc__.split("\n\n")[0],
         usage="ppo-train [--preset NAME [--testbed]] [--config FILE] [--FIELD VALUE ...] [--output-dir DIR] "
               "[--resume | --restart]")
@@ -115,10 +119,40 @@ def stored_settings(saved: Path) -> dict:
     return data
 
 
+def _program() -> str:
+    """How this command was started: ``ppo-train`` or ``python -m ppo.cli``."""
+    return "ppo-train" if Path(sys.argv[0] if sys.argv else "").name == "ppo-train" else "python -m ppo.cli"
+
+
+def interrupted_message(output_dir: str | Path) -> str:
+    """The one line printed on Ctrl-C: the newest complete checkpoint and the command that resumes."""
+    from .run_dir import checkpoint_candidates
+
+    output_dir = Path(output_dir)
+    try:
+        checkpoints = checkpoint_candidates(output_dir)
+    except Exception:  # a damaged checkpoints folder: --resume names it
+        checkpoints = []
+    command = f"{_program()} --output-dir {shlex.quote(str(output_dir))} --resume"
+    where = (f"last checkpoint {checkpoints[0]}" if checkpoints
+             else "no checkpoint yet (save_every sets how often one is written), so a resume starts at step 0")
+    return f"ppo-train: interrupted; {where}; resume with: {command}"
+
+
 def main(argv: list[str] | None = None) -> int:
     from .launcher_watch import watch_launcher
 
     watch_launcher()  # first: a launcher killed while this worker loads must still end it
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # before the run started (reading the config, importing torch)
+        if os.environ.get("PPO_TRACEBACK"):
+            raise
+        print("\nppo-train: interrupted before the run started; nothing was trained", file=sys.stderr)
+        return 130
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.resume and args.restart:
@@ -137,6 +171,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer = RLTrainer(config)
         summary = trainer.train(resume=args.resume, restart=args.restart, allow_changes=args.allow_change)
+    except KeyboardInterrupt:  # Ctrl-C: where the run can go on from, not a traceback
+        if os.environ.get("PPO_TRACEBACK"):
+            raise
+        print(f"\n{interrupted_message(config.output_dir)}", file=sys.stderr)
+        return 130
     # The run's own errors are messages for the user, not bugs: one line, no traceback.
     except (ValueError, FileNotFoundError, FileExistsError, NonFiniteError, RewardTypeError,
             RunDirectoryError, TrackerError) as error:

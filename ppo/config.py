@@ -33,6 +33,7 @@ import yaml
 
 from . import config_checks
 from .presets import PRESETS, TESTBED_ADJUSTMENTS, TESTBED_SCALE, preset  # re-exported: public API
+from .suggest import did_you_mean
 
 KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "abs", "k1+", "k3+", "full")  # ppo/kl.py
 ADVANTAGE_ESTIMATOR_NAMES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce", "rft", "reinforce_plus_plus",
@@ -364,7 +365,8 @@ class PPOConfig:
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
-            raise ValueError(f"PPOConfig: unknown field(s) {unknown}")
+            hints = "".join(did_you_mean(name, known) for name in unknown)
+            raise ValueError(f"PPOConfig: unknown field(s) {unknown}{hints}")
         return cls(**values)
 
     @classmethod
@@ -424,7 +426,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if name in RENAMED_FIELDS:
         name = renamed(name)
     if name not in field_help():
-        raise ValueError(f"override {text!r}: unknown field {name!r}")
+        raise ValueError(f"override {text!r}: unknown field {name!r}{did_you_mean(name, field_help())}")
     return name, yaml.safe_load(raw) if raw.strip() else None
 
 

@@ -200,7 +200,7 @@ def test_registry_metric_extras_and_variant_order(sweep, monkeypatch):
     monkeypatch.setitem(sys.modules, "ablations.registry", types.SimpleNamespace(get_ablation=get_ablation))
     text = report.build_report(sweep).read_text()
     assert "Does the critic help?" in text
-    assert "| `advantage_abs_mean` | wall s |" in text
+    assert "| `advantage_abs_mean` (metric) | wall s |" in text
     table = [line for line in text.splitlines() if line.startswith(("| alpha | 3/", "| beta | 3/"))]  # the main table
     assert [line.split(" | ")[0] for line in table] == ["| beta", "| alpha"]  # registry order, not sorted
     assert "| 1.2 ± 0.497 |" in table[1]

@@ -137,6 +137,8 @@ def test_threads_can_be_set_for_a_shared_machine(tmp_path, fake_launch):
     run_sweep([tiny_ablation(tmp_path)], sweep, seeds=1, workers=1, threads=1, progress=False)
     written = yaml.safe_load((sweep / "toy" / "a" / "seed1" / "requested_config.yaml").read_text())
     assert written["threads"] == 1
+    # sweep.json records the threads the runs got, not the backend's default share of the cores
+    assert json.loads((sweep / "sweep.json").read_text())["backend"]["threads_per_run"] == 1
     with pytest.raises(ValueError, match="threads"):
         run_sweep([tiny_ablation(tmp_path)], tmp_path / "other", seeds=1, workers=1, threads=0, progress=False)
 

@@ -233,7 +233,9 @@ def refuse_identical_arms(specs: list[RunSpec]) -> None:
     seen: dict[tuple[str, str], RunSpec] = {}
     clashes = []
     for (ablation, variant), spec in arms.items():
-        key = (ablation, json.dumps(effective_config(spec.config), sort_keys=True, default=str))
+        # Arms that differ in their seed offset (`Variant.seed_offset`: an A/A pair) are distinct on purpose.
+        offset = spec.config.seed - spec.seed
+        key = (ablation, offset, json.dumps(effective_config(spec.config), sort_keys=True, default=str))
         other = seen.setdefault(key, spec)
         if other is spec:
             continue

@@ -54,6 +54,8 @@ NO_EFFECT_BY_NATURE: dict[str, str] = {
     "run_tags": "labels in a tracker",
     "eval_every": "when the held-out evaluation runs (on its own generator: training is unchanged)",
     "eval_size": "how many held-out problems are evaluated",
+    "eval_samples_per_prompt": "how many draws per held-out problem the evaluation takes (its precision, not the training)",
+    "eval_batch_size": "how many held-out responses are generated at once (which draws, not the training)",
     "log_samples": "how many decoded rollouts samples.jsonl gets",
     "save_every": "when checkpoints are written",
     "keep_checkpoints": "how many checkpoints stay on disk",

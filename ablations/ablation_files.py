@@ -232,7 +232,7 @@ def _preset_name(value: Any, field: str, fail) -> str:
 
 def _check_fields(overrides: dict, where: str, fail, allow_preset: bool = True) -> None:
     """Every key a PPOConfig field (or `preset`), none of the sweep's own."""
-    known = list(field_help()) + list(RENAMED_FIELDS) + (["preset"] if allow_preset else [])
+    known = list(field_help()) + list(RENAMED_FIELDS) + (["preset", "seed_offset"] if allow_preset else [])
     for key in overrides:
         if key in SWEEP_FIELDS:
             raise fail(f"{where}: {key!r} cannot be set here: {SWEEP_FIELDS[key]}")
@@ -252,7 +252,11 @@ def _variant(name: str, settings: Any, default_preset: str | None, common: dict,
     chosen = overrides.pop("preset", default_preset)
     if chosen is None:
         raise fail(f"{where}: no preset: give `preset:` for the ablation or for this variant")
-    return Variant(name, _preset_name(chosen, f"{where}: preset", fail), overrides)
+    # seed_offset: the arm trains on seed k + offset while paired with seed k (an A/A arm)
+    offset = overrides.pop("seed_offset", 0)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise fail(f"{where}: seed_offset: a non-negative integer (got {offset!r})")
+    return Variant(name, _preset_name(chosen, f"{where}: preset", fail), overrides, seed_offset=offset)
 
 
 def _variants(section: Any, default_preset: str | None, common: dict, fail, check) -> list[Variant]:
@@ -378,7 +382,8 @@ def definition(ablation: Ablation) -> dict:
     data.update(testbed=ablation.testbed, base=ablation.base.name, metric=ablation.metric,
                 extra_metrics=list(ablation.extra_metrics))
     data.update({key: getattr(ablation, key) for key in ("seeds", "steps") if getattr(ablation, key) is not None})
-    data["variants"] = {v.name: _plain({**({} if common else {"preset": v.preset}), **v.overrides})
+    data["variants"] = {v.name: _plain({**({} if common else {"preset": v.preset}),
+                                        **({"seed_offset": v.seed_offset} if v.seed_offset else {}), **v.overrides})
                         for v in ablation.variants}
     if ablation.claims:
         data["claims"] = [_claim_entry(c, ablation.metric) for c in ablation.claims]

@@ -174,7 +174,7 @@ def parse_definition(data: Any, source: str, strict: bool = True) -> dict:
     check(common, "overrides", fail, allow_preset=False)
     variants = _variants(data.get("variants"), default_preset, common, fail, check)
     variants += _grid_variants(data.get("grid"), default_preset, common, fail, check)
-    if len(variants) < 2:
+    if len(variants) < (2 if strict else 1):  # a stored registry ablation may have one arm
         raise fail("an ablation compares at least two variants: give them under `variants:` or `grid:`")
     names = [v.name for v in variants]
     repeated = sorted({n for n in names if names.count(n) > 1})

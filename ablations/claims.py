@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from .doc_blocks import block_names, generated_block, replace_block  # noqa: F401  (used by tests and callers)
+from .doc_blocks import block_names, generated_block, instrument_table, replace_block  # noqa: F401  (used by tests and callers)
 from .report_tables import _ablation_table, _fmt, _paired_table, verdict
 from .run_results import TEXT_COLUMNS, AblationSpec, collect_runs, spec_for, sweep_specs
 from .stats import as_float as _as_float
@@ -471,22 +471,6 @@ def paired_against(rows: Sequence[dict], ablation: str, base: str,
 # ==========================================================================================
 # Generated blocks in a markdown file
 # ==========================================================================================
-def instrument_table(kind: str, path: Path) -> str:
-    """The noise budget (`ablations.noise`) or A/A check (`ablations.aa`) saved in `path`, as markdown."""
-    import json
-
-    if not path.is_file():
-        raise ValueError(f"{path}: no such file (written by python -m ablations {kind} ... --json {path})")
-    data = json.loads(path.read_text())
-    if kind == "noise":
-        from .noise import markdown
-
-        return markdown(data["table"], data["seeds"], data["target"], data.get("cost"))
-    from .aa import markdown
-
-    return markdown(data["result"])
-
-
 def generated_tables(rows: Sequence[dict], names: Sequence[str],
                      specs: dict[str, AblationSpec] | None = None) -> dict[str, str]:
     """What each named block must hold: ``claims``, ``glance``, ``table:ABLATION``,

@@ -4,7 +4,9 @@ test regenerates to check the page says nothing else."""
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 
 def block_names(text: str) -> list[str]:
@@ -25,3 +27,17 @@ def replace_block(text: str, name: str, content: str) -> str:
     generated_block(text, name)  # raises if the markers are missing
     return re.sub(rf"(<!-- generated:{name} -->\n).*?(<!-- /generated:{name} -->)",
                   lambda m: m.group(1) + content.strip() + "\n" + m.group(2), text, flags=re.S)
+
+
+def instrument_table(kind: str, path: Path) -> str:
+    """The noise budget (`ablations.noise`) or A/A check (`ablations.aa`) saved in `path`, as markdown."""
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file (written by python -m ablations {kind} ... --json {path})")
+    data = json.loads(path.read_text())
+    if kind == "noise":
+        from .noise import markdown
+
+        return markdown(data["table"], data["seeds"], data["target"], data.get("cost"))
+    from .aa import markdown
+
+    return markdown(data["result"])

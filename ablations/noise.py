@@ -125,8 +125,8 @@ def budget(values: dict[tuple[str, int], list[float]], base: str, seeds: int, ta
     result = variance_split(values)
     variants = sorted({variant for variant, _ in values} - {base})
     shared, independent = [], []
+    first = {s: draws[0] for (v, s), draws in values.items() if v == base}
     for variant in variants:
-        first = {s: draws[0] for (v, s), draws in values.items() if v == base}
         second = {s: draws[0] for (v, s), draws in values.items() if v == variant}
         other = {s: draws[1] for (v, s), draws in values.items() if v == variant and len(draws) > 1}
         shared.append(paired_sd(first, second))

@@ -102,8 +102,9 @@ def _paired_table(pairs: Sequence[dict], metric: str, columns: Sequence[str] | N
     return "\n".join(lines)
 
 
-def gain_over_start(rows: Sequence[dict]) -> dict[tuple[str, str], dict]:
-    """(ablation, variant) -> `paired_difference` of final minus initial held-out sampled accuracy.
+def gain_over_start(rows: Sequence[dict], end_column: str = "final_sampled_accuracy") -> dict[tuple[str, str], dict]:
+    """(ablation, variant) -> `paired_difference` of `end_column` minus the initial held-out
+    sampled accuracy (the final evaluation by default; ``late_sampled_accuracy`` for the late mean).
 
     Each run is paired with its own start: the same warm start, scored with the same seed's
     evaluation draws before and after training, so the difference keeps little evaluation noise.
@@ -114,7 +115,7 @@ def gain_over_start(rows: Sequence[dict]) -> dict[tuple[str, str], dict]:
             continue
         start, end = starts_and_ends.setdefault((row["ablation"], row["variant"]), ({}, {}))
         start[row["seed"]] = row["initial_sampled_accuracy"]
-        end[row["seed"]] = row["final_sampled_accuracy"]
+        end[row["seed"]] = row.get(end_column, float("nan"))
     return {key: paired_difference(start, end) for key, (start, end) in starts_and_ends.items()}
 
 
@@ -140,12 +141,7 @@ def gain_lines(rows: Sequence[dict], ablation: str) -> str:
 def gains_table(rows: Sequence[dict]) -> str:
     """Each variant's gain over its start (final, and the mean of the late evaluations, minus the
     initial held-out sampled accuracy), with 95% intervals, how many seeds gained, and the verdict."""
-    late = {}
-    for row in rows:
-        if row["status"] == "ok":
-            start, end = late.setdefault((row["ablation"], row["variant"]), ({}, {}))
-            start[row["seed"]] = row["initial_sampled_accuracy"]
-            end[row["seed"]] = row.get("late_sampled_accuracy", float("nan"))
+    late = gain_over_start(rows, "late_sampled_accuracy")
     lines = ["| ablation | variant | seeds | start | final | gain (95% CI) | seeds gaining | late gain (95% CI) | verdict |",
              "|---|---|---|---|---|---|---|---|---|"]
     for (ablation, variant), entry in gain_over_start(rows).items():
@@ -153,7 +149,7 @@ def gains_table(rows: Sequence[dict]) -> str:
         start = np.mean([float(row["initial_sampled_accuracy"]) for row in ok])
         final = np.mean([float(row["final_sampled_accuracy"]) for row in ok])
         gaining = sum(float(row["final_sampled_accuracy"]) > float(row["initial_sampled_accuracy"]) for row in ok)
-        late_entry = paired_difference(*late[(ablation, variant)])
+        late_entry = late[(ablation, variant)]
         word = ("gains" if entry["mean"] > 0 else "falls") if entry["separated"] else verdict(entry, "acc")
         lines.append(f"| {ablation} | {variant} | {entry['n']} | {_fmt(start, 'acc')} | {_fmt(final, 'acc')} "
                      f"| {_fmt(entry['mean'], 'signed')} ± {_fmt(entry['ci'], 'acc')} | {gaining} of {len(ok)} "

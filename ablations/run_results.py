@@ -325,6 +325,7 @@ def _run_row(sweep_dir: Path, ablation: str, variant: str, seed: int, run_dir: P
     final_greedy = _as_float(final_eval.get("greedy_accuracy"))
     if math.isnan(final_greedy):
         final_greedy = _last_logged(rows, "eval_greedy_accuracy", min_step=1)
+    late = late_mean(rows, "eval_sampled_accuracy", total_steps)
     gain = _as_float(summary.get("sampled_accuracy_gain"))
     if math.isnan(gain):
         gain = final - initial
@@ -342,8 +343,8 @@ def _run_row(sweep_dir: Path, ablation: str, variant: str, seed: int, run_dir: P
         "final_sampled_accuracy": final,
         "final_greedy_accuracy": final_greedy,
         "accuracy_gain": gain,
-        "late_sampled_accuracy": late_mean(rows, "eval_sampled_accuracy", total_steps),
-        "late_accuracy_gain": late_mean(rows, "eval_sampled_accuracy", total_steps) - initial,
+        "late_sampled_accuracy": late,
+        "late_accuracy_gain": late - initial,
         **{key: tail_mean(rows, key) for key in TAIL_COLUMNS},
         "wall_seconds": _as_float(summary.get("wall_seconds_this_session")),
         "samples": _whole(_as_float(summary.get("samples"))),

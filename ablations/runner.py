@@ -71,7 +71,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from ppo.run_dir import LOCK_FD_VARIABLE, RunLock
+from ppo.run_lock import LOCK_FD_VARIABLE, RunLock
 
 from .run_dirs import REUSED_FROM, completed_runs_by_fingerprint, copy_run, prepare_run_dir
 from .run_process import (PR_SET_PDEATHSIG, STOP_GRACE_SECONDS, SweepInterrupted, _die_with_parent, _live_lock,

@@ -17,7 +17,7 @@ import warnings
 
 from tqdm.auto import tqdm
 
-from . import distributed, provenance, run_dir, sharding, trackers
+from . import distributed, provenance, run_dir, run_lock, sharding, trackers
 from .evaluation import evaluate as evaluate_policy
 from .evaluation import preserve_rng_state
 from .guards import NonFiniteError, RewardFunctionError
@@ -76,14 +76,14 @@ def train(trainer, resume: bool = False, stop_after: int | None = None, restart:
           allow_changes=()) -> dict:
     """`RLTrainer.train`: run to `total_steps`, evaluating, logging and checkpointing.
 
-    The main process holds the run directory's lock throughout (`run_dir.lock_run`): a second
+    The main process holds the run directory's lock throughout (`run_lock.lock_run`): a second
     process starting or resuming the same run fails at once instead of mixing its steps in.
     """
     trackers.check_installed(trainer.config.report_to)  # every rank stops before anything is written
     lock, refusal = None, None
     if distributed.is_main_process():
         try:
-            lock = run_dir.lock_run(trainer.output_dir)
+            lock = run_lock.lock_run(trainer.output_dir)
         except run_dir.RunDirectoryError as error:
             refusal = str(error)
     refusal = distributed.broadcast_object(refusal)  # every rank stops together

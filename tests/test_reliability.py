@@ -287,7 +287,7 @@ def test_runner_stops_its_runs_on_sigterm(tmp_path):
 def test_runner_killed_with_sigkill_takes_its_runs_with_it(tmp_path):
     """SIGKILL cannot be caught, but every run is started to die with the process that
     launched it (Linux PR_SET_PDEATHSIG): no orphan keeps writing, and its lock is gone."""
-    from ppo.run_dir import RunLock
+    from ppo.run_lock import RunLock
 
     driver, child, run_dir = _start_driver(tmp_path)
     driver.kill()
@@ -310,7 +310,7 @@ def test_a_run_directory_locked_by_a_live_process_is_left_untouched(tmp_path):
     run_dir = tmp_path / "sweep" / "toy" / "a" / "seed1"
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
-    holder_code = ("import sys, time; from pathlib import Path; from ppo.run_dir import RunLock; "
+    holder_code = ("import sys, time; from pathlib import Path; from ppo.run_lock import RunLock; "
                    "lock = RunLock(Path(sys.argv[1])); assert lock.acquire(); print('held', flush=True); "
                    "time.sleep(120)")
     root = Path(__file__).resolve().parent.parent

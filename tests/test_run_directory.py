@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppo import checkpoints, run_dir
+from ppo import checkpoints, run_dir, run_lock
 from ppo.cli import build_parser, config_from_args, main
 from ppo.config import PPOConfig
 from ppo.guards import NonFiniteError, RewardFunctionError, check_scores, reward_values
@@ -116,7 +116,7 @@ def test_the_lock_is_held_for_the_whole_run_and_released_after(tmp_path, tiny_mo
     real_step = trainer.train_step
 
     def step():
-        probe = run_dir.RunLock(config.output_dir)
+        probe = run_lock.RunLock(config.output_dir)
         seen.append(probe.acquire())
         probe.release()
         return real_step()
@@ -124,19 +124,19 @@ def test_the_lock_is_held_for_the_whole_run_and_released_after(tmp_path, tiny_mo
     monkeypatch.setattr(trainer, "train_step", step)
     trainer.train(stop_after=1)
     assert seen == [False]
-    probe = run_dir.RunLock(config.output_dir)
+    probe = run_lock.RunLock(config.output_dir)
     assert probe.acquire() and probe.holder() == os.getpid()
     probe.release()
 
 
 def test_a_lock_inherited_from_the_sweep_runner_is_taken_over(tmp_path, monkeypatch):
-    runner = run_dir.RunLock(tmp_path / "run")
+    runner = run_lock.RunLock(tmp_path / "run")
     assert runner.acquire()
     try:
         with pytest.raises(RunDirectoryError, match="is writing this run"):
-            run_dir.lock_run(tmp_path / "run")
-        monkeypatch.setenv(run_dir.LOCK_FD_VARIABLE, str(runner.fd))
-        run_dir.lock_run(tmp_path / "run").release()
+            run_lock.lock_run(tmp_path / "run")
+        monkeypatch.setenv(run_lock.LOCK_FD_VARIABLE, str(runner.fd))
+        run_lock.lock_run(tmp_path / "run").release()
     finally:
         runner.release()
 
@@ -265,7 +265,7 @@ def test_a_read_only_output_dir_is_named(tmp_path, tiny_model_dir, monkeypatch):
     def read_only(self):
         raise OSError(errno.EROFS, "Read-only file system", str(self.path))
 
-    monkeypatch.setattr(run_dir.RunLock, "acquire", read_only)
+    monkeypatch.setattr(run_lock.RunLock, "acquire", read_only)
     config = PPOConfig(model_path=str(tiny_model_dir), output_dir=str(tmp_path / "run"), **TINY)
     with pytest.raises(RunDirectoryError, match=r"run: cannot write the run directory \(a read-only file system"):
         RLTrainer(config).train()

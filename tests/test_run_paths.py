@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppo import checkpoints, run_dir
+from ppo import checkpoints, run_dir, run_lock
 from ppo.cli import main
 from ppo.config import PPOConfig
 from ppo.run_dir import RunDirectoryError
@@ -69,7 +69,7 @@ def test_dot_as_output_dir_is_the_directory_itself(tmp_path, tiny_model_dir, mon
     assert trainer.output_dir == here
     trainer.train(stop_after=1)
     assert not list(here.glob("*.lock")) and _steps(here) == [0, 1]
-    assert run_dir.RunLock(".").path == tmp_path / ".here.lock"
+    assert run_lock.RunLock(".").path == tmp_path / ".here.lock"
 
 
 def test_an_old_manifest_spelled_from_the_working_directory_is_read_inside_the_run(tmp_path):
@@ -156,7 +156,7 @@ def test_a_lock_file_that_cannot_be_made_names_the_folder_it_lives_in(tmp_path, 
     with pytest.raises(RunDirectoryError, match=r"parent/\.run\.lock: cannot create the run's lock file \(Permission "
                                                 r"denied\); it lives beside the run directory, in .*/parent, which "
                                                 r"this process cannot write, although .*/run itself is writable"):
-        run_dir.lock_run(run)
+        run_lock.lock_run(run)
 
 
 # ----------------------------------------------------------------------------- finished is final

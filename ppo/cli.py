@@ -186,11 +186,13 @@ def _main(argv: list[str] | None) -> int:
     from .distributed import is_main_process, shutdown
 
     main_process = is_main_process()
+    already_finished = getattr(trainer, "already_finished", False)
+    del trainer  # its DDP wrappers hold the process group, which shutdown must be able to end
     shutdown()  # every rank leaves the process group together (no group: nothing to do)
     if not main_process:  # one report per run, not one per process
         return 0
     initial, final = summary.get("initial_eval") or {}, summary["final_eval"]
-    if getattr(trainer, "already_finished", False):
+    if already_finished:
         print(f"run: {config.output_dir} finished at step {summary['steps']} before this resume: nothing to do, "
               f"nothing changed (its summary.json is below). To train it further, resume with --total-steps above "
               f"{summary['steps']} (recorded in resume_history.jsonl).")

@@ -26,6 +26,7 @@ loop reads the same either way.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
 from typing import Any, Callable
@@ -161,8 +162,14 @@ def shutdown() -> None:
     the group is destroyed. A rank that exits with its group alive tears the group's
     communication threads down during interpreter exit, while another rank may still be
     talking to it, which can abort that process (SIGABRT, "terminate called without an
-    active exception") after a run that finished correctly. No group: nothing to do."""
+    active exception") after a run that finished correctly. No group: nothing to do.
+
+    Garbage is collected first: a finished trainer's DDP wrappers hold the group's backend,
+    and while anything holds it `destroy_process_group` cannot end the gloo threads, which
+    then die at interpreter exit with the same abort (seen in about one 2-process run in
+    four before this collection). Callers drop their trainers before calling this."""
     if dist.is_available() and dist.is_initialized():
+        gc.collect()
         barrier()
     while _closers:  # a vLLM engine tears down its own groups, and the default one with them
         _closers.pop()()

@@ -170,24 +170,37 @@ def test_collectives_are_the_identity_in_one_process():
 
 SHUTDOWN = """
 import sys
+import weakref
 import torch.distributed as dist
 from ppo import distributed
 distributed.shutdown()  # no group yet: nothing to do
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
 before = dist.is_initialized()
+
+
+class Holder:  # like a finished trainer's DDP wrapper: in a reference cycle, holding the group
+    pass
+
+
+holder = Holder()
+holder.group, holder.itself = dist.group.WORLD, holder
+held = weakref.ref(holder)
+del holder
 distributed.shutdown()
-print(before, dist.is_initialized())
+print(before, dist.is_initialized(), held() is None)
 """
 
 
 def test_shutdown_leaves_the_process_group():
     """`distributed.shutdown` (called at the end of `ppo.cli` and of every 2-process launch
     above, which must exit with status 0) destroys the group; without one it does nothing.
+    Unreachable objects that hold the group (a finished trainer's DDP wrappers, in reference
+    cycles) are collected first, so nothing keeps the gloo threads alive until interpreter exit.
     In a fresh interpreter: a group in this test process would outlive the test."""
     done = subprocess.run([sys.executable, "-c", SHUTDOWN, str(_free_port())], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["True", "False"]
+    assert done.stdout.split() == ["True", "False", "True"]
 
 
 def test_step_1_kl_is_exactly_zero_in_two_processes(runs):

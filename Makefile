@@ -44,18 +44,18 @@ $(VLLM_VENV)/.installed: setup.cfg pyproject.toml
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
-	$(PY) -m ppo.sft
+	$(PY) -m ppo.models.sft
 	$(PY) -m ablations run quick --seeds 3 --threads 1 --out sweeps/quick
 
 # Data parallel on the CPU: 2 processes (gloo), each sampling half of the global batch.
 demo-2proc: $(VENV)/.installed
-	$(PY) -m ppo.sft
+	$(PY) -m ppo.models.sft
 	$(VENV)/bin/accelerate launch --config_file configs/accelerate/cpu-2proc.yaml -m ppo.cli \
 		--preset grpo --testbed --device cpu --threads 1 --output-dir runs/grpo_2proc
 
 # The same with sharded models (FSDP2): AlpacaFarm's preset, every model split over the 2 processes.
 demo-2proc-fsdp: $(VENV)/.installed
-	$(PY) -m ppo.sft
+	$(PY) -m ppo.models.sft
 	$(VENV)/bin/accelerate launch --config_file configs/accelerate/cpu-2proc-fsdp.yaml -m ppo.cli \
 		--preset alpacafarm --testbed --device cpu --threads 1 --output-dir runs/af_fsdp_2proc
 

@@ -30,7 +30,7 @@ import importlib
 import sys
 from pathlib import Path
 
-from ppo.suggest import SuggestingParser, did_you_mean
+from ppo.settings.suggest import SuggestingParser, did_you_mean
 
 # Exit code for a bad command line (unknown ablation, missing directory), as argparse uses.
 USAGE_ERROR = 2
@@ -125,7 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ValueError as error:
         print(f"run: {error}", file=sys.stderr)
         return USAGE_ERROR
-    from ppo.trackers import TrackerError
+    from ppo.run.trackers import TrackerError
 
     from .backends import BackendUnavailable, SweepDirNotShared, make_backend
     from .runner import run_sweep

@@ -55,7 +55,7 @@ from typing import Any, Iterable
 import yaml
 
 from ppo.config import PRESETS, RENAMED_FIELDS, field_help
-from ppo.suggest import did_you_mean
+from ppo.settings.suggest import did_you_mean
 
 from . import registry
 from .sweep_plan import DEFAULT_SEEDS
@@ -102,7 +102,7 @@ def read_mapping(path: str | Path) -> dict:
             raise AblationFileError(f"{path}: not UTF-8 text (byte {error.start})") from None
         except tomllib.TOMLDecodeError as error:
             raise AblationFileError(f"{path}: not valid TOML ({error})") from None
-    from ppo.run_dir import read_config_file
+    from ppo.run.run_dir import read_config_file
 
     try:
         return read_config_file(path)

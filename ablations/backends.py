@@ -144,7 +144,7 @@ def _package_dirs() -> list[str]:
 
 def _worker_env() -> dict[str, str]:
     """Environment that a run on another node needs to find what the driver's runs find."""
-    from ppo.sft import DEFAULT_CACHE_DIR
+    from ppo.models.sft import DEFAULT_CACHE_DIR
 
     # The warm start is cached next to the code by default; on a worker the code is Ray's
     # unpacked copy, so point the run at the driver's cache explicitly.

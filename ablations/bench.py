@@ -43,11 +43,11 @@ import torch
 from torch.utils.flop_counter import (FlopCounterMode, addmm_flop, baddbmm_flop, bmm_flop, mm_flop,
                                      sdpa_backward_flop_count, sdpa_flop_count)
 
-from ppo import lean_forward
+from ppo.speed import lean_forward
 from ppo.config import preset
-from ppo.dynamic_sampling import select_rollout
-from ppo.logprobs import response_logprobs, response_logprobs_and_values, response_values
-from ppo.optimization import adamw_kernel
+from ppo.algorithm.dynamic_sampling import select_rollout
+from ppo.models.logprobs import response_logprobs, response_logprobs_and_values, response_values
+from ppo.models.optimization import adamw_kernel
 
 from .tables import markdown_table
 
@@ -91,7 +91,7 @@ def model_flops(model, groups: list[torch.Tensor], backward: bool, keep_from: li
 
     With `keep_from` (one column per group) and a model on the lean path, the pass is the
     one the training loop runs: outputs from that column on only, so the last layer runs
-    only those rows' queries and MLP (`ppo.lean_forward._last_rows`) and the head only
+    only those rows' queries and MLP (`ppo.speed.lean_forward._last_rows`) and the head only
     those columns, its attention as the two matrix products it is. Other models are counted
     through their module call, every column (their fused CPU attention kernel is not
     counted: the counter has no formula for it)."""
@@ -132,7 +132,7 @@ def sequence_flops(model, rollout, backward: bool) -> int:
     output a step uses depends on it: nothing is sampled after it, and by causality no
     earlier output sees it), each *distinct* prompt counted once (a batch that repeats a
     prompt, GRPO's G samples, needs its positions once, which the sampler
-    (`ppo.lean_sampling._prefill`) and the scoring passes (`PPOConfig.share_prompt_prefix`)
+    (`ppo.speed.lean_sampling._prefill`) and the scoring passes (`PPOConfig.share_prompt_prefix`)
     both exploit), and on the lean path the last layer's prompt rows only as keys and
     values. Counted as full sequences, minus every row's prompt, plus each distinct prompt
     once."""
@@ -271,7 +271,7 @@ def calls_alone(trainer, rollout) -> dict[str, float]:
     """Each model call of one step timed alone on the step's own batch (seconds)."""
     cfg = trainer.config
     policy = trainer.policy_module
-    from ppo.rollout import generate
+    from ppo.models.rollout import generate
 
     times = {}
     prompts = trainer.tokenizer.batch_decode(rollout.query_ids, skip_special_tokens=True)

@@ -7,7 +7,7 @@
 For one fixed policy pi (the pinned warm start) and reference (its pinned step-200
 checkpoint), at a fixed set of states (prompts and the prefixes of responses sampled once),
 it compares each pair's gradient with the exact gradient of the per-state KL,
-``grad sum_s KL(pi(.|s) || ref(.|s))`` (from `ppo.kl.full_kl`, no sampling at all):
+``grad sum_s KL(pi(.|s) || ref(.|s))`` (from `ppo.algorithm.kl.full_kl`, no sampling at all):
 
 - **expected**: the pair's exact expected gradient, every token of the vocabulary at every
   state weighted by the sampler's probability (no Monte-Carlo noise: the bias alone);
@@ -24,9 +24,9 @@ the way from pi back to the reference), as the later minibatches of
 
 - ``k1|reward``, ``k3|reward``: the estimate at rollout time (old log-probs) as a reward
   on the token, through the PPO ratio: loss ``sg(k(old)) * pi / sg(pi_old)`` (no clipping);
-- ``k1|loss``, ``k2|loss``, ``k3|loss``, ``k1+|loss``, ``k3+|loss``: `ppo.kl.kl_penalty` of
-  the current log-probs as a loss term (as `ppo.losses.kl_loss` adds it);
-- ``k3·IS|loss``: k3 times ``pi / sg(pi_old)`` (`ppo.kl.importance_weighted_kl`, TRL).
+- ``k1|loss``, ``k2|loss``, ``k3|loss``, ``k1+|loss``, ``k3+|loss``: `ppo.algorithm.kl.kl_penalty` of
+  the current log-probs as a loss term (as `ppo.algorithm.losses.kl_loss` adds it);
+- ``k3·IS|loss``: k3 times ``pi / sg(pi_old)`` (`ppo.algorithm.kl.importance_weighted_kl`, TRL).
 
 What the fixed states leave out: an action also changes which states follow. A KL in the
 reward carries that through the return (its gradient is the gradient of the *sequence*
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from ppo.kl import full_kl, importance_weighted_kl, kl_penalty
+from ppo.algorithm.kl import full_kl, importance_weighted_kl, kl_penalty
 
 PAIRS = ("k1|reward", "k3|reward", "k1|loss", "k2|loss", "k3|loss", "k1+|loss", "k3+|loss", "k3·IS|loss")
 TABLE_BEGIN = "<!-- kl-gradient-study:begin (generated: python -m ablations.kl_gradient_study --update FILE) -->"
@@ -123,7 +123,7 @@ def load_models(lag: float):
     sampler a fraction `lag` of the way from pi back to ref (weights interpolated)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from ppo.sft import warm_start
+    from ppo.models.sft import warm_start
 
     policy_dir, reference_dir = warm_start(progress=False), warm_start(progress=False, stop_after=200)
     tokenizer = AutoTokenizer.from_pretrained(policy_dir)
@@ -137,7 +137,7 @@ def load_models(lag: float):
 
 def state_log_probs(model, rollout, grad: bool = False):
     """The model's logits ``[S, V]`` at every real response position of `rollout`."""
-    from ppo.forward_passes import response_log_softmax, rollout_args
+    from ppo.models.forward_passes import response_log_softmax, rollout_args
 
     with torch.set_grad_enabled(grad):
         args = rollout_args(rollout)
@@ -152,8 +152,8 @@ def run_study(batches: int = 400, groups: int = 20, prompts: int = 32, response_
     and the setting's KL, on-policy and off-policy."""
     import random
 
-    from ppo.rollout import generate
-    from ppo.sft import SFTConfig
+    from ppo.models.rollout import generate
+    from ppo.models.sft import SFTConfig
 
     torch.manual_seed(seed)
     tokenizer, policy, reference, sampler = load_models(lag)

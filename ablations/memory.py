@@ -34,7 +34,7 @@ def _tensor_bytes(tensors) -> int:
 
 def state_bytes(trainer) -> dict[str, int]:
     """Bytes held by the policy, the reference, the gradients and the optimizer state."""
-    from ppo.lora import AdapterDisabledReference
+    from ppo.models.lora import AdapterDisabledReference
 
     policy = trainer.accelerator.unwrap_model(trainer.policy)
     reference = trainer.ref_policy
@@ -76,7 +76,7 @@ def child(spec: dict) -> dict:
 
 
 def build_model(path: Path, hidden: int, layers: int) -> Path:
-    from ppo.tiny_model import TinyModelConfig, build_char_tokenizer, build_tiny_model
+    from ppo.models.tiny_model import TinyModelConfig, build_char_tokenizer, build_tiny_model
 
     tokenizer = build_char_tokenizer()
     torch.manual_seed(0)

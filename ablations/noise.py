@@ -160,9 +160,9 @@ def measure_run(run_dir: Path, draws: int, samples_per_prompt: Sequence[int], pr
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ppo.config import PPOConfig
-    from ppo.evaluation import evaluate, heldout_kl
-    from ppo.models import warm_start_path
-    from ppo.policy import resolve_max_prompt_length
+    from ppo.run.evaluation import evaluate, heldout_kl
+    from ppo.models.setup import warm_start_path
+    from ppo.models.policy import resolve_max_prompt_length
     from ppo.tasks import build_task
 
     config = PPOConfig.from_yaml(run_dir / "config.yaml")
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(table, args.seeds, args.target, cost)
     print(text)
     if args.json:
-        from ppo.provenance import source_version
+        from ppo.run.provenance import source_version
 
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps({

@@ -479,9 +479,9 @@ register(
 )
 
 # ---------------------------------------------------------------------- RLHF: reward over-optimisation
-# The reward model must exist before the sweep runs: `python -m ppo.rlhf build` (docs/alpacafarm.md).
+# The reward model must exist before the sweep runs: `python -m ppo.tasks.rlhf build` (docs/alpacafarm.md).
 # Its cache path is a pure function of the settings, so registering builds nothing.
-from ppo.rlhf import reward_model_cache_path  # noqa: E402
+from ppo.tasks.rlhf import reward_model_cache_path  # noqa: E402
 
 register(
     "alpacafarm_overoptimization",

@@ -1,7 +1,7 @@
 """Ablations of the 2025-26 implementation details, registered into `ablations.registry`.
 
 AlpacaFarm's fixed-width semantics, where the critic and the score sit, the policy-loss
-family (ppo/policy_losses.py) and the loss reductions, the critic's details (warm-up, value pretraining, decoupled
+family (ppo/algorithm/policy_losses.py) and the loss reductions, the critic's details (warm-up, value pretraining, decoupled
 and length-adaptive lambda, REINFORCE++, ReMax), the KL estimators' gradients, the
 sampler-trainer mismatch correction and reference refresh. Each entry is a base preset and
 its variants as config overrides, like every other entry of the registry.
@@ -25,7 +25,7 @@ register(
     metric="accuracy", extra_metrics=("kl_k1", "response_length"),
 )
 
-# ---------------------------------------------------------------------- the policy-loss family (ppo/policy_losses.py)
+# ---------------------------------------------------------------------- the policy-loss family (ppo/algorithm/policy_losses.py)
 # These losses differ from PPO's only off the policy that sampled (at ratio 1 their gradients
 # agree), so every arm takes 2 epochs x 2 minibatches: 4 optimizer steps per batch, three of
 # them off-policy. 40 steps: 6 arms x 3 seeds take 15-25 minutes on a shared 2-core CPU.
@@ -88,9 +88,9 @@ register(
     metric="accuracy", extra_metrics=("explained_variance", "value_error_mc", "advantage_bias_first_tokens"),
 )
 
-# The pretrained critic must exist before the sweep runs: `python -m ppo.value_pretrain`.
+# The pretrained critic must exist before the sweep runs: `python -m ppo.models.value_pretrain`.
 # Its cache path is a pure function of the settings, so registering builds nothing.
-from ppo.value_pretrain import pretrained_critic_path  # noqa: E402
+from ppo.models.value_pretrain import pretrained_critic_path  # noqa: E402
 
 register(
     "value_pretraining",

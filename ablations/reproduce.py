@@ -8,7 +8,7 @@
    built and timed for a few steps (`ablations.estimate`, a minute or two in all).
    ``--dry-run`` stops here.
 2. Builds the reward model of ``alpacafarm_overoptimization`` if the cache lacks it
-   (``python -m ppo.rlhf build``; before the timing, so its runs are timed too), then runs
+   (``python -m ppo.tasks.rlhf build``; before the timing, so its runs are timed too), then runs
    each step of the plan into one sweep directory (`ablations.runner.run_sweep`: complete
    runs skipped, identical runs copied, failed ones retried on the next call), and builds
    that directory's report.
@@ -157,7 +157,7 @@ def clean_tree_or_override(allow_dirty: bool, report_dir: Path) -> bool:
     """
     import json
 
-    from ppo.provenance import source_version
+    from ppo.run.provenance import source_version
 
     commit, dirty = source_version()
     if dirty and not allow_dirty:
@@ -193,8 +193,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--workers and --threads must be at least 1")
     if not args.dry_run and not clean_tree_or_override(args.allow_dirty, Path(args.report_dir)):
         return 2
-    from ppo.rlhf import is_built, reward_model_cache_path
-    from ppo.rlhf import main as build_reward_model
+    from ppo.tasks.rlhf import is_built, reward_model_cache_path
+    from ppo.tasks.rlhf import main as build_reward_model
 
     if not args.dry_run and not is_built(reward_model_cache_path()):
         build_reward_model(["build"])  # alpacafarm_overoptimization's reward model (cached)

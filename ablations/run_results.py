@@ -37,7 +37,7 @@ Per-run numbers (`collect_runs`, one row per run directory, also written to ``re
                                 accepted but never read ("" for none)
     prov_commit, prov_dirty, prov_warm_start, prov_torch, prov_transformers, prov_python,
     prov_threads, prov_cpu, prov_processes
-                                the run's provenance from summary.json (`ppo.provenance`):
+                                the run's provenance from summary.json (`ppo.run.provenance`):
                                 which code, warm start, libraries, threads and machine
                                 ("" for runs that recorded none)
     <extra metric keys>         each extra metric of the ablation, last-10% mean
@@ -61,7 +61,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-from ppo.provenance import FIELDS as PROVENANCE_FIELDS
+from ppo.run.provenance import FIELDS as PROVENANCE_FIELDS
 
 from .stats import as_float as _as_float
 
@@ -351,7 +351,7 @@ def _run_row(sweep_dir: Path, ablation: str, variant: str, seed: int, run_dir: P
         "metric": spec.metric,
         "metric_value": float("nan"),  # below: a column of this row, or a logged key
         "reused_from": _reused_from(sweep_dir, run_dir),
-        # Settings the run accepted but never read (ppo/config_checks.py), one per line.
+        # Settings the run accepted but never read (ppo/settings/config_checks.py), one per line.
         "warnings": "\n".join(summary.get("warnings") or []),
         **{f"prov_{name}": (summary.get("provenance") or {}).get(name, "") for name in PROVENANCE_FIELDS},
     }

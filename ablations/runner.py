@@ -71,7 +71,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
-from ppo.run_lock import LOCK_FD_VARIABLE, RunLock
+from ppo.run.run_lock import LOCK_FD_VARIABLE, RunLock
 
 from .run_dirs import REUSED_FROM, completed_runs_by_fingerprint, copy_run, prepare_run_dir
 from .run_process import (PR_SET_PDEATHSIG, STOP_GRACE_SECONDS, SweepInterrupted, _die_with_parent, _live_lock,
@@ -315,7 +315,7 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
         raise ValueError(f"timeout must be a number of seconds > 0 or None for no limit (got {timeout!r})")
     threads = threads or backend.threads_per_run()
     if report_to is not None:
-        from ppo.trackers import check_installed
+        from ppo.run.trackers import check_installed
 
         check_installed(report_to)  # once here, rather than once per run
 

@@ -47,7 +47,7 @@ def run_project(kind: str, model_path: str, seed: int, steps: int, output_dir: s
                 **overrides) -> dict:
     """Train one run in this process; per-step wall times from one step's end to the next
     (so logging is included), and held-out exact match after training if asked."""
-    from ppo.evaluation import evaluate
+    from ppo.run.evaluation import evaluate
     from ppo.trainer import RLTrainer
 
     config = config_for(kind, model_path, seed, steps, output_dir, **overrides)

@@ -55,8 +55,8 @@ def build_model(out_dir: str | Path, seed: int = 0, target_accuracy: float = 0.3
     25 steps). Saves model and tokenizer with save_pretrained; returns the directory."""
     from transformers import GenerationConfig, GPT2Config, GPT2LMHeadModel
 
-    from ppo.evaluation import evaluate
-    from ppo.tiny_model import build_char_tokenizer
+    from ppo.run.evaluation import evaluate
+    from ppo.models.tiny_model import build_char_tokenizer
 
     out_dir = Path(out_dir)
     torch.manual_seed(seed)

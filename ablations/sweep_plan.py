@@ -181,7 +181,7 @@ def sweep_config(config: PPOConfig, threads: int, compile_forward: bool = False)
 def tracked_config(spec: RunSpec, sweep_name: str, report_to: list[str] | None = None) -> PPOConfig:
     """`spec`'s config labelled for experiment trackers: named ``<sweep>/<ablation>/<variant>/seed<k>``,
     grouped by ``<sweep>/<ablation>/<variant>`` and tagged with sweep, ablation, variant and seed,
-    so a tracker's UI can group and filter the sweep's runs by variant (ppo/trackers.py).
+    so a tracker's UI can group and filter the sweep's runs by variant (ppo/run/trackers.py).
     `report_to` (``run --report-to``) replaces the config's own list when given."""
     config = spec.config.replace(
         run_name=f"{sweep_name}/{spec.label}", run_group=f"{sweep_name}/{spec.ablation}/{spec.variant}",
@@ -204,11 +204,11 @@ def config_fingerprint(config: PPOConfig, ignored: tuple[str, ...] = REUSE_IGNOR
 
 def effective_config(config: PPOConfig) -> dict:
     """What `config` computes, as a dict: every field but those that cannot change a run
-    (outputs, logging, trackers: `ppo.liveness.NO_EFFECT_BY_NATURE`), and every setting the
-    configuration never reads (`ppo.config_checks.inert_settings`) put back to its default.
+    (outputs, logging, trackers: `ppo.settings.liveness.NO_EFFECT_BY_NATURE`), and every setting the
+    configuration never reads (`ppo.settings.config_checks.inert_settings`) put back to its default.
     Two configs with equal effective configs train the same run."""
-    from ppo.config_checks import inert_settings
-    from ppo.liveness import NO_EFFECT_BY_NATURE
+    from ppo.settings.config_checks import inert_settings
+    from ppo.settings.liveness import NO_EFFECT_BY_NATURE
 
     values = config.to_dict()
     defaults = PPOConfig().to_dict()
@@ -224,8 +224,8 @@ def refuse_identical_arms(specs: list[RunSpec]) -> None:
     configuration (after the preset, the testbed scaling and inert settings): comparing
     them could only report "no difference" for a detail that never acted. Names the
     variants, the fields they differ in on paper, and why those do nothing."""
-    from ppo.config_checks import inert_settings
-    from ppo.liveness import NO_EFFECT_BY_NATURE
+    from ppo.settings.config_checks import inert_settings
+    from ppo.settings.liveness import NO_EFFECT_BY_NATURE
 
     arms: dict[tuple[str, str], RunSpec] = {}
     for spec in specs:

@@ -4,7 +4,7 @@ Implementation details that live here:
 
 - **Token-level GAE** (`compute_gae`): each response token is one action; the per-token
   reward is usually zero except for the sequence score at the last token and, when the KL
-  is in the reward, a per-token KL penalty (built in `ppo/rewards.py`).
+  is in the reward, a per-token KL penalty (built in `ppo/algorithm/rewards.py`).
 - **Masked positions are absent, not zero-reward steps**: padding after the stop token (or
   any hole in the mask) contributes no reward, no value and no TD error, and the value after
   the last real token is 0 (the episode ends there). A hole is skipped over, so the token

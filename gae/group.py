@@ -74,7 +74,7 @@ def group_advantages(
             (std_batch + eps); ``"none"`` -> s - mean_g.
         eps: keeps the division finite when a std is ~0.
         reduce_sum: for ``scale="batch"`` in a data-parallel run, sums over processes
-            (`ppo.distributed.global_sum`) so the batch std is the whole batch's. Groups
+            (`ppo.parallel.distributed.global_sum`) so the batch std is the whole batch's. Groups
             never span processes, so the group statistics need no reduction.
         std_correction: Bessel correction of the *group* std (``"group"``): 0 = population
             std (nano-aha-moment), 1 = sample std, dividing by G - 1 (TRL's GRPOTrainer and

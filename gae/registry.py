@@ -98,7 +98,7 @@ def estimate_advantages(
         grpo_scale, grpo_eps, grpo_std_correction: `scale`, `eps` and `std_correction` of
             `gae.group_advantages` for ``"grpo"``.
         reinforce_baseline: ``"reinforce"`` subtracts the batch mean score when True.
-        reduce_sum: sums over data-parallel processes (`ppo.distributed.global_sum`), for
+        reduce_sum: sums over data-parallel processes (`ppo.parallel.distributed.global_sum`), for
             the estimators that use batch statistics (``grpo_scale="batch"``, the REINFORCE
             baseline); None = a single process.
         rft_min_score: ``"rft"`` keeps the responses whose score is at least this.

@@ -27,7 +27,7 @@ def population_moments(
     """``(count, mean, population variance)`` of every element of `values`, in float64.
 
     Two passes (mean, then squared deviations): as exact as ``torch.var`` and each pass is
-    one sum, so with `reduce_sum` (`ppo.distributed.global_sum`) the moments are those of
+    one sum, so with `reduce_sum` (`ppo.parallel.distributed.global_sum`) the moments are those of
     every process's values together. An empty input gives NaN mean and variance.
 
     >>> population_moments(torch.tensor([1., 2., 3., 4.]))
@@ -57,7 +57,7 @@ def whiten(
             whitening): only the scale is normalised.
         eps: added to the variance so a near-constant batch does not divide by ~0.
         reduce_sum: sums a tensor over the processes of a data-parallel run
-            (`ppo.distributed.global_sum`), so the statistics are those of the whole
+            (`ppo.parallel.distributed.global_sum`), so the statistics are those of the whole
             rollout batch; None = this process's `x` is the whole batch.
 
     Returns:

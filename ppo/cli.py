@@ -36,10 +36,10 @@ from pathlib import Path
 
 import yaml
 
-from .config import (PRESETS, RENAMED_FIELDS, RESUMABLE_FIELDS, PPOConfig, field_help, parse_override, preset,
+from ppo.config import (PRESETS, RENAMED_FIELDS, RESUMABLE_FIELDS, PPOConfig, field_help, parse_override, preset,
                      upgrade_field_names)
-from .run_dir import read_config_file
-from .suggest import SuggestingParser
+from ppo.run.run_dir import read_config_file
+from ppo.settings.suggest import SuggestingParser
 
 
 def _yaml_value(text: str):
@@ -126,7 +126,7 @@ def _program() -> str:
 
 def interrupted_message(output_dir: str | Path) -> str:
     """The one line printed on Ctrl-C: the newest complete checkpoint and the command that resumes."""
-    from .run_dir import checkpoint_candidates
+    from ppo.run.run_dir import checkpoint_candidates
 
     output_dir = Path(output_dir)
     try:
@@ -140,7 +140,7 @@ def interrupted_message(output_dir: str | Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .launcher_watch import watch_launcher
+    from ppo.parallel.launcher_watch import watch_launcher
 
     watch_launcher()  # first: a launcher killed while this worker loads must still end it
     try:
@@ -163,10 +163,10 @@ def _main(argv: list[str] | None) -> int:
         config = config_from_args(args)
     except (ValueError, FileNotFoundError) as error:
         parser.error(str(error))
-    from .guards import NonFiniteError, RewardTypeError
-    from .run_dir import RunDirectoryError
-    from .trackers import TrackerError
-    from .trainer import RLTrainer
+    from ppo.run.guards import NonFiniteError, RewardTypeError
+    from ppo.run.run_dir import RunDirectoryError
+    from ppo.run.trackers import TrackerError
+    from ppo.trainer import RLTrainer
 
     try:
         trainer = RLTrainer(config)
@@ -183,7 +183,7 @@ def _main(argv: list[str] | None) -> int:
             raise
         print(f"ppo-train: error: {error}", file=sys.stderr)
         return 1
-    from .distributed import is_main_process, shutdown
+    from ppo.parallel.distributed import is_main_process, shutdown
 
     main_process = is_main_process()
     already_finished = getattr(trainer, "already_finished", False)

@@ -31,15 +31,15 @@ from typing import Any
 
 import yaml
 
-from . import config_checks
-from .presets import PRESETS, TESTBED_ADJUSTMENTS, TESTBED_SCALE, preset  # re-exported: public API
-from .suggest import did_you_mean
+from ppo.settings import config_checks
+from ppo.presets import PRESETS, TESTBED_ADJUSTMENTS, TESTBED_SCALE, preset  # re-exported: public API
+from ppo.settings.suggest import did_you_mean
 
-KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "abs", "k1+", "k3+", "full")  # ppo/kl.py
+KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "abs", "k1+", "k3+", "full")  # ppo/algorithm/kl.py
 ADVANTAGE_ESTIMATOR_NAMES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce", "rft", "reinforce_plus_plus",
                              "reinforce_plus_plus_baseline", "remax")
 GSM8K_ANSWER_MODES = ("strict", "flexible")  # implemented in ppo/tasks/gsm8k.py `extract_answer`
-# Seeds are 64-bit in torch; per-rank seeds are hashed into [0, 2**63) (ppo/distributed.py).
+# Seeds are 64-bit in torch; per-rank seeds are hashed into [0, 2**63) (ppo/parallel/distributed.py).
 MAX_SEED = 2**63 - 1
 # The fields a resumed run may change: they decide how long and how visibly the run goes
 # on, never what one step computes. Any other difference between a run's config.yaml and
@@ -50,10 +50,10 @@ RESUMABLE_FIELDS = ("total_steps", "output_dir", "device", "threads", "progress"
                     "keep_checkpoints", "log_samples", "retain_freed_memory", "offload_frozen_models", "report_to",
                     "tracker_project", "run_name", "run_group", "run_tags")
 LOSS_AGG_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "prompt_mean")
-REWARD_WHITENING_MODES = ("masked", "stats", "alpacafarm")  # ppo/rewards.py whiten_rewards
-SCORE_POSITIONS = ("last_token", "after_last_token")  # ppo/rewards.py shape_rewards
-KL_CONTROLLER_NAMES = ("ziegler", "alpacafarm")  # ppo/kl.py make_kl_controller
-DIFFICULTY_FILTER_MODES = ("resample", "renormalize", "mask")  # ppo/filtering.py
+REWARD_WHITENING_MODES = ("masked", "stats", "alpacafarm")  # ppo/algorithm/rewards.py whiten_rewards
+SCORE_POSITIONS = ("last_token", "after_last_token")  # ppo/algorithm/rewards.py shape_rewards
+KL_CONTROLLER_NAMES = ("ziegler", "alpacafarm")  # ppo/algorithm/kl.py make_kl_controller
+DIFFICULTY_FILTER_MODES = ("resample", "renormalize", "mask")  # ppo/algorithm/filtering.py
 # Old field name -> current name. A name is changed only where it misled: a boolean-sounding
 # name that takes strings. Old config.yaml files must still load and resume.
 RENAMED_FIELDS = {"whiten_rewards_over_padding": "reward_whitening_mode"}
@@ -109,7 +109,7 @@ class PPOConfig:
     # ------------------------------------------------------------------ value model and reward model
     reward_model_path: str | None = _f(None, "Scalar-head reward model directory: when set, its score replaces the task's reward, and value_init='reward_model' starts the critic from it.")
     value_init: str = _f("policy", "Critic initialisation: 'reward_model' or 'policy' (that backbone with a zeroed head), 'reward_model_head' (the reward model, trained head kept), 'random', or 'pretrained' (the critic at value_init_path) (AlpacaFarm: reward_model; TRL: reward_model_head).")
-    value_init_path: str | None = _f(None, "Critic directory for value_init='pretrained', as written by python -m ppo.value_pretrain (VC-PPO value pretraining).")
+    value_init_path: str | None = _f(None, "Critic directory for value_init='pretrained', as written by python -m ppo.models.value_pretrain (VC-PPO value pretraining).")
     critic_warmup_steps: int = _f(0, "RL steps at the start in which only the critic trains, the policy's weights untouched; 0 = off (verl trainer.critic_warmup, OpenRLHF critic.freezing_steps).")
     value_loss_over_padding: bool = _f(False, "Under pad_to_response_length the critic also predicts values on padding (masked out as keys), GAE runs over every column, and the value loss averages over the whole padded tensor (AlpacaFarm ppo_trainer.py compute_loss; rl_models.py AutoregressiveValue).")
 
@@ -168,7 +168,7 @@ class PPOConfig:
     ref_update_every: int = _f(0, "Every this many steps move the reference toward the current policy; 0 = a frozen reference (slime / ProRL reference reset; TRL sync_ref_model, ref_model_sync_steps).")
     ref_update_alpha: float = _f(1.0, "How far a refresh moves the reference: 1 = hard reset to the policy, below 1 = ref <- alpha * policy + (1 - alpha) * ref (TR-DPO; TRL ref_model_mixup_alpha 0.6).")
 
-    # ------------------------------------------------------------------ off-policy correction (ppo/rollout_correction.py)
+    # ------------------------------------------------------------------ off-policy correction (ppo/algorithm/rollout_correction.py)
     rollout_correction: str = _f("none", "Correct the sampler-trainer log-prob mismatch: 'none', 'token_tis' / 'sequence_tis' (loss times min(ratio, cap)) or 'token_mis' / 'sequence_mis' (drop ratios outside [floor, cap]) (verl rollout_is / rollout_rs; IcePop).")
     rollout_correction_cap: float = _f(2.0, "TIS truncation and the MIS band's upper edge for the trainer / sampler ratio (verl rollout_is_threshold 2.0).")
     rollout_correction_floor: float = _f(0.5, "Lower edge of the MIS band (IcePop 0.5).")
@@ -203,7 +203,7 @@ class PPOConfig:
     loss_agg: str = _f("token_mean", "How per-token losses are averaged: 'token_mean' (AlpacaFarm, TRL, DAPO), 'seq_mean_token_mean' (GRPO's per-sequence normalisation) or 'seq_mean_token_sum' (each sequence's token sum, averaged over sequences; TRL RLOO, verl) or 'seq_mean_token_sum_norm' (Dr. GRPO's constant normaliser) or 'prompt_mean' (token mean within each prompt's group, then mean over prompts; SkyRL).")
     target_kl: float | None = _f(None, "Stop a step's remaining minibatches and epochs once a minibatch's approximate KL to the rollout policy exceeds this; None = off (cleanrl target_kl).")
     mask_truncated_responses: bool = _f(False, "Leave responses that hit response_length without a stop token out of the loss (DAPO overlong filtering).")
-    policy_loss: str = _f("vanilla", "Policy loss (ppo/policy_losses.py): 'vanilla' (PPO clip), 'gspo' / 'gspo_token' (sequence ratio; Qwen GSPO), 'cispo' (clipped stop-gradient weight; MiniMax-M1), 'geo_mean' (GMPO), 'clip_cov' / 'kl_cov' (Cui et al.) (verl policy_loss.loss_mode).")
+    policy_loss: str = _f("vanilla", "Policy loss (ppo/algorithm/policy_losses.py): 'vanilla' (PPO clip), 'gspo' / 'gspo_token' (sequence ratio; Qwen GSPO), 'cispo' (clipped stop-gradient weight; MiniMax-M1), 'geo_mean' (GMPO), 'clip_cov' / 'kl_cov' (Cui et al.) (verl policy_loss.loss_mode).")
     cov_fraction: float = _f(2e-4, "Share of tokens clip_cov detaches and kl_cov penalises, at least one (Cui et al.; verl clip_cov_ratio / kl_cov_ratio 2e-4).")
     clip_cov_low: float = _f(1.0, "Lower bound of the covariance of the tokens clip_cov may detach (verl clip_cov_lb 1).")
     clip_cov_high: float = _f(5.0, "Upper bound of the covariance of the tokens clip_cov may detach (verl clip_cov_ub 5).")
@@ -278,7 +278,7 @@ class PPOConfig:
 
     # -- validation ----------------------------------------------------------------------
     def validate(self) -> None:
-        """Raise ValueError naming the field for any inconsistent setting (ppo/config_checks.py)."""
+        """Raise ValueError naming the field for any inconsistent setting (ppo/settings/config_checks.py)."""
         config_checks.validate(self)
 
     def validate_for_run(self) -> None:

@@ -1,7 +1,7 @@
 """PPO and GRPO for language models in one file, to be read top to bottom.
 
 This is the algorithm of `ppo/trainer.py` with its default toggles only, on the CPU testbed
-(the arithmetic task, started from the cached SFT warm start of `ppo.sft.warm_start`). One
+(the arithmetic task, started from the cached SFT warm start of `ppo.models.sft.warm_start`). One
 iteration runs the phases of the full trainer in the same order, each under a banner:
 rollout, score, reference and values, KL, rewards, advantages, update. Tensor shapes are
 written where a tensor is made: B responses, Q prompt tokens, T response tokens, V vocab.
@@ -195,7 +195,7 @@ def clipped_value_loss(values, old_values, returns, cliprange_value: float):
 # ------------------------------------------------------------------------ the loop
 def train(args: Args):
     """Run `args.total_steps` iterations; returns (per-step metrics, policy, critic or None)."""
-    from ppo.sft import warm_start
+    from ppo.models.sft import warm_start
     from ppo.tasks import ArithmeticTask
 
     ppo = args.algo == "ppo"

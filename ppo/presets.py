@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .config import PPOConfig
+    from ppo.config import PPOConfig
 
 # Plain data: each preset lists only the fields it changes from the `PPOConfig` defaults.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -182,7 +182,7 @@ TESTBED_SCALE: dict[str, Any] = dict(
     eval_every=20,
     eval_size=256,
     # Sixteen draws per held-out problem: with one draw the evaluation's own noise is as large
-    # as the seed-to-seed spread of trained runs; sixteen cut it fourfold (ppo/evaluation.py).
+    # as the seed-to-seed spread of trained runs; sixteen cut it fourfold (ppo/run/evaluation.py).
     eval_samples_per_prompt=16,
     eval_batch_size=512,
     save_every=0,
@@ -213,7 +213,7 @@ TESTBED_ADJUSTMENTS: dict[str, dict[str, Any]] = {
 
 def preset(name: str, testbed: bool = False, **overrides) -> "PPOConfig":
     """The named preset as a `PPOConfig`, optionally scaled for the CPU testbed."""
-    from .config import PPOConfig, upgrade_field_names  # ppo.config imports this module
+    from ppo.config import PPOConfig, upgrade_field_names  # ppo.config imports this module
 
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")

@@ -5,8 +5,8 @@ in the order the algorithm runs:
 
     1-2. rollout, score  sample a group of responses per prompt; task or reward-model score
     3.   forward         old log-probs (policy), reference log-probs, values (critic)
-    4.   KL              per-token KL estimate to the reference (ppo/kl.py)
-    5.   rewards         per-token rewards: score at the last token, -beta*KL (ppo/rewards.py)
+    4.   KL              per-token KL estimate to the reference (ppo/algorithm/kl.py)
+    5.   rewards         per-token rewards: score at the last token, -beta*KL (ppo/algorithm/rewards.py)
     6.   advantages      GAE with the critic, or group-relative (gae/)
     7.   update          epochs x minibatches x micro-batches of clipped surrogate + value loss
     8.   KL control      adapt beta (adaptive controller), step the learning-rate schedule
@@ -16,11 +16,11 @@ is built), ``kl_placement="loss"`` and ``group_size > 1``. New to the code? Read
 `ppo/minimal.py` first: the same two algorithms in one file, tested equal to this one.
 
 What a reader may skip lives in modules named for it, one call each from here: building the
-models and optimizers (`ppo/models.py`), the forward passes and their exact speed paths
-(`ppo/forward_passes.py`), what a step logs (`ppo/metrics.py`), the run loop, evaluation
-and logging (`ppo/run_loop.py`), checkpoints (`ppo/checkpoints.py`), the optimizer step
-(`ppo/optimization.py`), collectives across processes (`ppo/distributed.py`), sharded
-models (`ppo/sharding.py`).
+models and optimizers (`ppo/models/setup.py`), the forward passes and their exact speed paths
+(`ppo/models/forward_passes.py`), what a step logs (`ppo/run/metrics.py`), the run loop, evaluation
+and logging (`ppo/run/run_loop.py`), checkpoints (`ppo/run/checkpoints.py`), the optimizer step
+(`ppo/models/optimization.py`), collectives across processes (`ppo/parallel/distributed.py`), sharded
+models (`ppo/parallel/sharding.py`).
 """
 
 from __future__ import annotations
@@ -35,26 +35,29 @@ import torch
 from gae import estimate_advantages, whiten
 from value_model.reward_model import last_token_scores
 
-from . import (allocator, checkpoints, config_checks, distributed, guards, rollout_correction, run_dir, run_loop,
-               sharding, vllm_sampler)
-from .buffer import ExperienceBuffer, accumulation_weights, with_group_shares
-from .config import PPOConfig
-from .dynamic_sampling import ScoredBatch, sample_batch
-from .evaluation import score_batch
-from .filtering import PromptPool, gather_pass_rates, group_pass_rates, keep_groups
-from .forward_passes import ForwardPasses, rollout_args
-from .kl import make_kl_controller
-from .losses import critic_loss_mask, entropy_loss, kl_loss, value_loss
-from .metrics import PhaseTimer, UpdateTally, critic_diagnostics, masked_mean, phase, step_metrics, timed_step
-from .models import setup_models, warm_start_path
-from .optimization import optimizer_step
-from .policy_losses import EntropyControl, policy_loss, policy_loss_options, top_entropy_mask
-from .policy import set_training
-from .remax import greedy_baselines
-from .rewards import (apply_missing_eos, clip_scores, format_reward, group_kimi_length_reward, length_reward_weight,
+from ppo.speed import allocator
+from ppo.run import checkpoints, guards, run_dir, run_loop
+from ppo.settings import config_checks
+from ppo.parallel import distributed, sharding, vllm_sampler
+from ppo.algorithm import rollout_correction
+from ppo.algorithm.buffer import ExperienceBuffer, accumulation_weights, with_group_shares
+from ppo.config import PPOConfig
+from ppo.algorithm.dynamic_sampling import ScoredBatch, sample_batch
+from ppo.run.evaluation import score_batch
+from ppo.algorithm.filtering import PromptPool, gather_pass_rates, group_pass_rates, keep_groups
+from ppo.models.forward_passes import ForwardPasses, rollout_args
+from ppo.algorithm.kl import make_kl_controller
+from ppo.algorithm.losses import critic_loss_mask, entropy_loss, kl_loss, value_loss
+from ppo.run.metrics import PhaseTimer, UpdateTally, critic_diagnostics, masked_mean, phase, step_metrics, timed_step
+from ppo.models.setup import setup_models, warm_start_path
+from ppo.models.optimization import optimizer_step
+from ppo.algorithm.policy_losses import EntropyControl, policy_loss, policy_loss_options, top_entropy_mask
+from ppo.models.policy import set_training
+from ppo.algorithm.remax import greedy_baselines
+from ppo.algorithm.rewards import (apply_missing_eos, clip_scores, format_reward, group_kimi_length_reward, length_reward_weight,
                       overlong_penalty, score_positions, shape_rewards, whiten_rewards, whitening_gae_mask)
-from .rollout import Rollout, decode_responses, generate, pad_to_width
-from .tasks import build_task, custom_task_config
+from ppo.models.rollout import Rollout, decode_responses, generate, pad_to_width
+from ppo.tasks import build_task, custom_task_config
 
 
 class RLTrainer:
@@ -127,7 +130,7 @@ class RLTrainer:
         self.entropy_control = EntropyControl(config.entropy_coef, config.entropy_target, config.entropy_coef_step)
         self.step = 0
         self.samples_generated = 0  # responses generated over all ranks (dynamic sampling makes extra)
-        self.trackers = None  # ppo/trackers.py RunTrackers, main process, while train() runs
+        self.trackers = None  # ppo/run/trackers.py RunTrackers, main process, while train() runs
         self.latest_eval = None  # (step, held-out metrics) of the latest evaluation, for the model card
         self.already_finished = False  # set by a resume of a run that had already finished (run_loop.train)
 
@@ -151,7 +154,7 @@ class RLTrainer:
             batch.rollout = pad_to_width(batch.rollout, cfg.response_length, self.tokenizer.pad_token_id)
         rollout = batch.rollout
         response_mask = rollout.response_mask.float()  # [B, T]
-        # A NaN / inf score stops the run here, before any update or save (ppo/guards.py),
+        # A NaN / inf score stops the run here, before any update or save (ppo/run/guards.py),
         # unless nonfinite_rewards='drop' keeps those samples out of the loss below.
         finite = guards.check_scores(batch.raw_scores, [p.prompt for p in batch.problems], batch.texts,
                                      self._score_source(), drop=cfg.nonfinite_rewards == "drop")  # [B]
@@ -252,7 +255,7 @@ class RLTrainer:
     def _advantages(self, token_rewards, gae_mask, values, response_mask, reward_baselines=None, lengths=None):
         """Phase 6: advantages and returns ``[B, T]`` by the configured estimator, batch
         statistics over all ranks; whitened over the whole batch unless per minibatch. Also
-        the critic's diagnostics, taken before whitening (`ppo.metrics.critic_diagnostics`)."""
+        the critic's diagnostics, taken before whitening (`ppo.run.metrics.critic_diagnostics`)."""
         cfg = self.config
         advantages, returns = estimate_advantages(
             cfg.advantage_estimator, token_rewards=token_rewards, response_mask=gae_mask, values=values,
@@ -390,12 +393,12 @@ class RLTrainer:
         return batch_size // (self.config.num_minibatches * self.config.gradient_accumulation_steps)
 
     def _optimizer_step(self, loss: float | None = None, train_policy: bool = True) -> dict[str, float]:
-        """Clip, guard and step (ppo/optimization.py); the gradient norms before clipping."""
+        """Clip, guard and step (ppo/models/optimization.py); the gradient norms before clipping."""
         return optimizer_step(self.accelerator, self.policy_optimizer, self.value_optimizer, self.model_parameters,
                               self.config.max_grad_norm, self.step + 1, loss, train_policy=train_policy)
 
     def _set_training(self, mode: bool) -> None:
-        """Policy and critic in train (or eval) mode (`ppo.policy.set_training`)."""
+        """Policy and critic in train (or eval) mode (`ppo.models.policy.set_training`)."""
         for model in (self.policy, self.value_model):
             if model is not None:
                 set_training(model, mode)
@@ -404,11 +407,11 @@ class RLTrainer:
         return rollout.to(self.device)
 
     def _score_source(self) -> str:
-        """What produced the sequence scores, for error messages (`ppo.guards.score_source`)."""
+        """What produced the sequence scores, for error messages (`ppo.run.guards.score_source`)."""
         return guards.score_source(self.task, self.config.reward_model_path if self.reward_model is not None else None)
 
     def evaluate(self) -> dict:
-        """Held-out metrics (`ppo.run_loop.evaluate`)."""
+        """Held-out metrics (`ppo.run.run_loop.evaluate`)."""
         return run_loop.evaluate(self)
 
     def train(self, resume: bool = False, stop_after: int | None = None, restart: bool = False,
@@ -416,19 +419,19 @@ class RLTrainer:
         """Run to `config.total_steps` (continuing from the latest intact checkpoint if `resume`).
 
         `restart` deletes an earlier attempt's outputs first; `allow_changes` names config
-        fields a resume may change beyond `ppo.config.RESUMABLE_FIELDS` (see ppo/run_dir.py).
+        fields a resume may change beyond `ppo.config.RESUMABLE_FIELDS` (see ppo/run/run_dir.py).
         `stop_after` ends this session early after that step, with a checkpoint, so a long
         run can be split across time-limited jobs and continued with ``resume=True``.
         """
         return run_loop.train(self, resume=resume, stop_after=stop_after, restart=restart, allow_changes=allow_changes)
 
     def save_checkpoint(self) -> Path:
-        """Write ``checkpoints/step_N`` atomically; see `ppo.checkpoints.save`."""
+        """Write ``checkpoints/step_N`` atomically; see `ppo.run.checkpoints.save`."""
         return checkpoints.save(self)
 
     def load_checkpoint(self, allow_changes=()) -> bool:
         """Restore the newest intact checkpoint of this run; False when there is none
-        (`ppo.checkpoints.load`; `allow_changes`: config fields this resume may change)."""
+        (`ppo.run.checkpoints.load`; `allow_changes`: config fields this resume may change)."""
         loaded = checkpoints.load(self, allow_changes)
         if loaded and self.vllm_sampler is not None:
             self.vllm_sampler.stale = True  # the engine holds the weights from before the load

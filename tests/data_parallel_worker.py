@@ -15,9 +15,10 @@ from pathlib import Path
 
 import torch
 
-from ppo import distributed, trainer as trainer_module
+from ppo.parallel import distributed
+from ppo import trainer as trainer_module
 from ppo.config import preset
-from ppo.rollout import Rollout, generate
+from ppo.models.rollout import Rollout, generate
 from ppo.trainer import RLTrainer
 
 BATCH = 8  # global rollout batch

@@ -26,13 +26,13 @@ from pathlib import Path
 import torch
 from data_parallel_worker import BATCH, PROMPTS, TINY, reward_fn
 
-from ppo import distributed, sharding
+from ppo.parallel import distributed, sharding
 from ppo import trainer as trainer_module
 from ppo.config import preset
-from ppo.forward_passes import rollout_args
-from ppo.logprobs import response_logprobs, response_values
-from ppo.policy import load_policy
-from ppo.rollout import Rollout, generate
+from ppo.models.forward_passes import rollout_args
+from ppo.models.logprobs import response_logprobs, response_values
+from ppo.models.policy import load_policy
+from ppo.models.rollout import Rollout, generate
 from ppo.trainer import RLTrainer
 
 TRAINERS: dict[str, RLTrainer] = {}

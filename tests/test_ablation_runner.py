@@ -205,7 +205,8 @@ def test_failed_run_is_recorded_and_the_rest_complete(tmp_path, tiny_model_dir, 
     assert not (good / "error.txt").exists()
     # Its results.csv row says which code, warm start, libraries, threads and machine made it.
     from ablations.report import collect_runs
-    from ppo import provenance, sft
+    from ppo.run import provenance
+    from ppo.models import sft
     row = next(r for r in collect_runs(sweep) if r["variant"] == "b")
     assert all(row[f"prov_{name}"] != "" for name in provenance.FIELDS), row
     assert row["prov_warm_start"] == sft.weights_sha256(tiny_model_dir)[:16]

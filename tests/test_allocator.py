@@ -1,4 +1,4 @@
-"""PPOConfig.retain_freed_memory (ppo/allocator.py): glibc keeps freed memory for reuse.
+"""PPOConfig.retain_freed_memory (ppo/speed/allocator.py): glibc keeps freed memory for reuse.
 
 mallopt settings last for the rest of a process and this test process has long since
 built trainers, so each check runs in a fresh interpreter."""
@@ -26,7 +26,7 @@ def _python(script: str, *args: str) -> str:
 
 FAULTS = """
 import resource, torch
-from ppo import allocator
+from ppo.speed import allocator
 
 def faults_per_step():
     def step():  # a step's activations: 1-5 MiB each and one of 40 MiB, then all freed
@@ -67,7 +67,7 @@ def test_retained_memory_is_reused_instead_of_faulted_in_again():
 
 RUN = """
 import json, sys
-from ppo import allocator
+from ppo.speed import allocator
 from ppo.config import preset
 from ppo.trainer import RLTrainer
 

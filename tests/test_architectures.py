@@ -25,9 +25,9 @@ from transformers import (
 )
 
 from ppo.config import PPOConfig, preset
-from ppo.logprobs import response_logprobs
-from ppo.policy import encode_prompts, left_pad, load_policy
-from ppo.tiny_model import BPE_PAD_MODES, build_byte_bpe_tokenizer
+from ppo.models.logprobs import response_logprobs
+from ppo.models.policy import encode_prompts, left_pad, load_policy
+from ppo.models.tiny_model import BPE_PAD_MODES, build_byte_bpe_tokenizer
 from ppo.trainer import RLTrainer
 
 DROPOUT = 0.1  # every dropout knob of every config set > 0: the loader must turn them all off

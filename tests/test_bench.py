@@ -7,8 +7,8 @@ import torch
 from ablations.bench import (ProductTimer, calls_alone, floor_flops, format_bench, length_groups, matmul_throughput,
                              model_flops, real_sequences, sequence_flops, step_products)
 from ppo.config import PPOConfig
-from ppo.dynamic_sampling import select_rollout
-from ppo.rollout import Rollout
+from ppo.algorithm.dynamic_sampling import select_rollout
+from ppo.models.rollout import Rollout
 from ppo.trainer import RLTrainer
 
 
@@ -72,8 +72,8 @@ def test_the_last_layer_counts_only_the_rows_that_are_read(char_tokenizer):
     """On the lean path the floor counts the last layer's prompt rows as keys and values
     only: per dropped row, the attention products (4 H L), the attention output projection
     (2 H^2), the MLP (4 H I) and the head (2 H V) are not counted."""
-    from ppo import lean_forward
-    from ppo.tiny_model import TinyModelConfig, build_tiny_model
+    from ppo.speed import lean_forward
+    from ppo.models.tiny_model import TinyModelConfig, build_tiny_model
 
     torch.manual_seed(0)
     H, I, rows, length, keep = 32, 64, 3, 9, 6

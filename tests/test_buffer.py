@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from ppo.buffer import ExperienceBuffer
+from ppo.algorithm.buffer import ExperienceBuffer
 
 
 def test_every_sample_once_per_epoch_in_shuffled_minibatches():

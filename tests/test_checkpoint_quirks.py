@@ -8,10 +8,10 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ppo.config import PPOConfig
-from ppo.logprobs import response_logprobs
-from ppo.policy import (declared_stop_token_ids, disable_dropout, gradient_checkpointing_active, load_policy,
+from ppo.models.logprobs import response_logprobs
+from ppo.models.policy import (declared_stop_token_ids, disable_dropout, gradient_checkpointing_active, load_policy,
                         scoring_mode, set_training)
-from ppo.rollout import PromptTooLongError, generate
+from ppo.models.rollout import PromptTooLongError, generate
 from ppo.trainer import RLTrainer
 from tests.test_architectures import count_digits, save_checkpoint
 

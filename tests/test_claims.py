@@ -308,8 +308,8 @@ def test_reproduce_after_its_sweeps_reports_copies_and_rewrites_the_doc(tmp_path
     the report are copied; the doc's blocks rewritten. Runs of two commits end in one line."""
     import types
 
-    import ppo.provenance
-    import ppo.rlhf
+    import ppo.run.provenance
+    import ppo.tasks.rlhf
     from ablations import estimate, reproduce, runner
     from tests.test_reproducibility import _finished_run
 
@@ -317,11 +317,11 @@ def test_reproduce_after_its_sweeps_reports_copies_and_rewrites_the_doc(tmp_path
     for seed in (1, 2, 3):
         _finished_run(sweep / "length_norm" / "per_sequence" / f"seed{seed}", "a" * 40, "pinned", 0.5)
         _finished_run(sweep / "length_norm_room" / "per_sequence" / f"seed{seed}", "a" * 40, "weak", 0.3)
-    monkeypatch.setattr(ppo.rlhf, "is_built", lambda path: True)
+    monkeypatch.setattr(ppo.tasks.rlhf, "is_built", lambda path: True)
     monkeypatch.setattr(estimate, "time_run", lambda ablation, variant, config, runs, *a:
                         estimate.RunEstimate(ablation, variant, 1, 1.0, 0.5, 2.0, 0.1, 3, 1, 0.0, runs))
     monkeypatch.setattr(runner, "run_sweep", lambda *a, **k: types.SimpleNamespace(failed=[]))
-    monkeypatch.setattr(ppo.provenance, "source_version", lambda: ("c" * 40, False))
+    monkeypatch.setattr(ppo.run.provenance, "source_version", lambda: ("c" * 40, False))
     doc = tmp_path / "results.md"
     doc.write_text("<!-- generated:glance -->\n<!-- /generated:glance -->\n")
     args = ["--out", str(sweep), "--data", str(tmp_path / "data.csv"), "--doc", str(doc),
@@ -336,10 +336,10 @@ def test_reproduce_after_its_sweeps_reports_copies_and_rewrites_the_doc(tmp_path
 
 
 def test_reproduce_refuses_a_dirty_tree_unless_told_and_records_the_override(tmp_path, capsys, monkeypatch):
-    import ppo.provenance
+    import ppo.run.provenance
     from ablations import reproduce
 
-    monkeypatch.setattr(ppo.provenance, "source_version", lambda: ("d" * 40, True))
+    monkeypatch.setattr(ppo.run.provenance, "source_version", lambda: ("d" * 40, True))
     args = ["--out", str(tmp_path / "sw"), "--report-dir", str(tmp_path / "reruns"), "--doc", str(tmp_path / "r.md"),
             "--data", str(tmp_path / "data.csv")]
     assert reproduce.main(args) == 2
@@ -348,7 +348,7 @@ def test_reproduce_refuses_a_dirty_tree_unless_told_and_records_the_override(tmp
     assert reproduce.clean_tree_or_override(True, tmp_path / "reruns")
     recorded = json.loads((tmp_path / "reruns" / "reproduce.json").read_text())
     assert recorded == {"commit": "d" * 40, "dirty": True, "allow_dirty": True}
-    monkeypatch.setattr(ppo.provenance, "source_version", lambda: ("e" * 40, False))
+    monkeypatch.setattr(ppo.run.provenance, "source_version", lambda: ("e" * 40, False))
     assert reproduce.clean_tree_or_override(False, tmp_path / "other")
     assert not (tmp_path / "other").exists()
 

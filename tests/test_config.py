@@ -7,7 +7,7 @@ import yaml
 import ppo.cli
 from ppo.cli import build_parser, config_from_args
 from ppo.config import PRESETS, TESTBED_ADJUSTMENTS, TESTBED_SCALE, PPOConfig, field_help, parse_override, preset
-from ppo.run_dir import resume_changes
+from ppo.run.run_dir import resume_changes
 
 
 @pytest.mark.parametrize(

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from ppo.config import PPOConfig
-from ppo.metrics import critic_diagnostics
+from ppo.run.metrics import critic_diagnostics
 from ppo.trainer import RLTrainer
-from ppo.value_pretrain import PretrainSettings, pretrain_critic, pretrained_critic_path
+from ppo.models.value_pretrain import PretrainSettings, pretrain_critic, pretrained_critic_path
 
 # A random tiny model never solves a problem; scoring its unfinished responses -1 gives the
 # critic returns to fit from the first step.

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppo import distributed
+from ppo.parallel import distributed
 from ppo.config import PPOConfig
 
 WORKER = Path(__file__).with_name("data_parallel_worker.py")
@@ -172,7 +172,7 @@ SHUTDOWN = """
 import sys
 import weakref
 import torch.distributed as dist
-from ppo import distributed
+from ppo.parallel import distributed
 distributed.shutdown()  # no group yet: nothing to do
 dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
 before = dist.is_initialized()

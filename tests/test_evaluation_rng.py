@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from ppo.config import PPOConfig
-from ppo.evaluation import accelerator_rng_devices, evaluate, preserve_rng_state
-from ppo.policy import load_policy
+from ppo.run.evaluation import accelerator_rng_devices, evaluate, preserve_rng_state
+from ppo.models.policy import load_policy
 from ppo.tasks import ArithmeticTask
 from ppo.trainer import RLTrainer
 

@@ -3,7 +3,7 @@ import random
 import pytest
 import torch
 
-from ppo.filtering import PromptPool, group_pass_rates, keep_groups, zero_advantage_group_fraction
+from ppo.algorithm.filtering import PromptPool, group_pass_rates, keep_groups, zero_advantage_group_fraction
 from ppo.tasks import ArithmeticTask
 from ppo.tasks.base import Problem
 

@@ -269,7 +269,7 @@ def test_rft_keeps_responses_at_or_above_the_threshold():
 def test_rft_with_one_update_is_sft_on_the_kept_samples():
     """With ratio 1 the policy-gradient loss of RFT advantages has the gradient of the SFT
     cross-entropy summed over kept tokens (divided by all tokens under token_mean)."""
-    from ppo.losses import policy_loss
+    from ppo.algorithm.policy_losses import policy_loss
 
     logprobs = torch.tensor([[-1.0, -2.0], [-0.5, -0.3]], requires_grad=True)
     mask = torch.ones(2, 2)

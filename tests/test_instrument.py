@@ -13,8 +13,8 @@ from ablations.noise import budget, draw_seed, seeds_needed, smallest_detectable
 from ablations.report_tables import gain_lines, gain_over_start
 from ablations.run_results import late_mean
 from ablations.stats import paired_difference
-from ppo.evaluation import evaluate, heldout_kl, pass_at_k, sampled_chunks, summarise_problems
-from ppo.policy import load_policy
+from ppo.run.evaluation import evaluate, heldout_kl, pass_at_k, sampled_chunks, summarise_problems
+from ppo.models.policy import load_policy
 from ppo.tasks import ArithmeticTask
 
 

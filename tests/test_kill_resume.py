@@ -35,7 +35,7 @@ CONFIG = dict(rollout_batch_size=4, response_length=8, eval_size=2, eval_every=0
 #     weights and trainer_state.pt but not yet state.json.
 HELD_RUN = '''
 import sys, time, pathlib, torch
-from ppo import run_loop
+from ppo.run import run_loop
 moment, step, marker = sys.argv[1], int(sys.argv[2]), pathlib.Path(sys.argv[3])
 def hang():
     marker.write_text(moment)

@@ -1,11 +1,11 @@
-"""Hand-computed checks for `ppo.kl`: the per-token KL estimators and the KL controllers."""
+"""Hand-computed checks for `ppo.algorithm.kl`: the per-token KL estimators and the KL controllers."""
 
 import math
 
 import pytest
 import torch
 
-from ppo.kl import (
+from ppo.algorithm.kl import (
     KL_ESTIMATORS,
     AdaptiveKLController,
     FixedKLController,

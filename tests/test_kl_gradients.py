@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from ppo.kl import full_kl, importance_weighted_kl, kl_penalty
-from ppo.losses import kl_loss
+from ppo.algorithm.kl import full_kl, importance_weighted_kl, kl_penalty
+from ppo.algorithm.losses import kl_loss
 
 LOG2 = math.log(2.0)
 X1 = math.log(0.5 / 0.75)  # log-ratio of token 1

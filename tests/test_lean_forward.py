@@ -1,5 +1,5 @@
 """The exact speed-ups leave results unchanged: the lean forward and its sampling loop
-(`lean_forward`; ppo/lean_forward.py, ppo/lean_sampling.py), the update's forward reused for
+(`lean_forward`; ppo/speed/lean_forward.py, ppo/speed/lean_sampling.py), the update's forward reused for
 old log-probs and values (`reuse_update_forward`), padding columns cut before a forward pass,
 padding tokens skipped inside it (`padding_free`), and the policy and critic run as one pass
 (`paired_critic_pass`)."""
@@ -11,17 +11,17 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from ppo import batch_layouts, lean_forward, lean_sampling, model_pairs
+from ppo.speed import batch_layouts, lean_forward, lean_sampling, model_pairs
 from ppo.config import PPOConfig, preset
-from ppo.logprobs import (_unpadded_inputs, padded_response_values, response_logprobs, response_logprobs_and_values,
+from ppo.models.logprobs import (_unpadded_inputs, padded_response_values, response_logprobs, response_logprobs_and_values,
                           response_values,
                           trim_padding)
-from ppo.metrics import PhaseTimer
-from ppo.rewards import score_positions
-from ppo.rollout import generate, pad_to_width
-from ppo.tiny_model import TinyModelConfig, build_tiny_model
-from ppo import forward_passes as passes_module
-from ppo.optimization import adamw_kernel
+from ppo.run.metrics import PhaseTimer
+from ppo.algorithm.rewards import score_positions
+from ppo.models.rollout import generate, pad_to_width
+from ppo.models.tiny_model import TinyModelConfig, build_tiny_model
+from ppo.models import forward_passes as passes_module
+from ppo.models.optimization import adamw_kernel
 from ppo.trainer import RLTrainer
 from value_model import ScalarHeadModel
 

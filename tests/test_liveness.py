@@ -1,5 +1,5 @@
 """No toggle silently does nothing: the liveness table, the inert-setting rules, and each
-case that was once accepted and ignored (ppo/liveness.py, ppo/config_checks.py)."""
+case that was once accepted and ignored (ppo/settings/liveness.py, ppo/settings/config_checks.py)."""
 
 import dataclasses
 import json
@@ -8,8 +8,8 @@ import warnings
 import pytest
 
 from ppo.config import PRESETS, PPOConfig, field_help, preset
-from ppo.config_checks import InertSettingWarning, config_warnings, inert_settings, run_warnings
-from ppo.liveness import (DOC, NO_EFFECT_BY_NATURE, PROBES, check_live, differs, observe, probe_config, render,
+from ppo.settings.config_checks import InertSettingWarning, config_warnings, inert_settings, run_warnings
+from ppo.settings.liveness import (DOC, NO_EFFECT_BY_NATURE, PROBES, check_live, differs, observe, probe_config, render,
                           undecided_fields, verdicts)
 
 
@@ -31,7 +31,7 @@ def test_a_field_added_without_a_verdict_is_caught():
 
 
 def test_the_committed_table_is_current():
-    assert DOC.read_text() == render(), "docs/liveness.md is stale: run python -m ppo.liveness"
+    assert DOC.read_text() == render(), "docs/liveness.md is stale: run python -m ppo.settings.liveness"
 
 
 def test_refused_and_warned_cells_name_their_field_and_every_preset_is_decided():
@@ -63,7 +63,7 @@ def test_stock_presets_carry_no_inert_setting():
 
 
 def test_one_step_probe_sees_a_live_cell_and_not_a_warned_one(tmp_path):
-    from ppo.liveness import tiny_model
+    from ppo.settings.liveness import tiny_model
 
     model = tiny_model(tmp_path)
     with warnings.catch_warnings():
@@ -78,7 +78,7 @@ def test_one_step_probe_sees_a_live_cell_and_not_a_warned_one(tmp_path):
 def test_every_probed_cell_agrees_with_the_probe(tmp_path):
     """Each 'live' cell decided by the probe changes the run; each 'warned' one leaves its
     trained weights as they were (a few minutes on 2 cores)."""
-    from ppo.liveness import tiny_model
+    from ppo.settings.liveness import tiny_model
 
     assert check_live(tiny_model(tmp_path)) == []
 
@@ -150,7 +150,7 @@ def test_report_to_none_as_a_list_means_no_tracker():
 
 
 def test_a_warned_run_records_its_warnings(tmp_path, tiny_model_dir):
-    from ppo.model_card import render as render_card
+    from ppo.run.model_card import render as render_card
     from ppo.trainer import RLTrainer
 
     config = preset("grpo", testbed=True, model_path=str(tiny_model_dir), output_dir=str(tmp_path / "run"),
@@ -225,7 +225,7 @@ def test_stop_ids_outside_the_vocabulary_are_refused(tiny_model_dir, tmp_path):
 def test_a_reward_beyond_float32_is_named_with_its_value():
     import torch
 
-    from ppo.guards import NonFiniteError, check_scores, drop_nonfinite_scores
+    from ppo.run.guards import NonFiniteError, check_scores, drop_nonfinite_scores
 
     scores = torch.tensor([1.0, 1e300], dtype=torch.float64)
     with pytest.raises(NonFiniteError, match=r"reward_fn f gave 1e\+300 \(beyond float32's range, \+-3.4e\+38"):

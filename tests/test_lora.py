@@ -8,9 +8,9 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from ppo.config import PPOConfig, preset
-from ppo.logprobs import response_logprobs
-from ppo.lora import AdapterDisabledReference
-from ppo.policy import load_policy
+from ppo.models.logprobs import response_logprobs
+from ppo.models.lora import AdapterDisabledReference
+from ppo.models.policy import load_policy
 from ppo.trainer import RLTrainer
 from value_model import ScalarHeadModel
 

@@ -1,21 +1,21 @@
-"""Hand-computed checks for ppo/losses.py: every expected number was worked out on paper."""
+"""Hand-computed checks for ppo/algorithm/losses.py: every expected number was worked out on paper."""
 
 import math
 
 import pytest
 import torch
 
-from ppo.losses import (
+from ppo.algorithm.losses import (
     LOSS_AGG_MODES,
     aggregate,
     entropy_loss,
     explained_variance,
     group_shares,
     kl_loss,
-    policy_loss,
     token_loss_weights,
     value_loss,
 )
+from ppo.algorithm.policy_losses import policy_loss
 
 
 def one_token(ratio, advantage):

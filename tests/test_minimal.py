@@ -145,7 +145,7 @@ def warm_start_weights() -> dict[str, torch.Tensor]:
     """The warm start's policy weights, named as `_weights` names them."""
     from transformers import AutoModelForCausalLM
 
-    from ppo.sft import warm_start
+    from ppo.models.sft import warm_start
 
     policy = AutoModelForCausalLM.from_pretrained(warm_start(progress=False), dtype=torch.float32)
     return {f"policy.{k}": v.detach() for k, v in policy.named_parameters()}

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from ppo.logprobs import logprobs_from_logits, response_logprobs, response_values
-from ppo.policy import ModelLoadError, load_policy
+from ppo.models.logprobs import logprobs_from_logits, response_logprobs, response_values
+from ppo.models.policy import ModelLoadError, load_policy
 from value_model import ScalarHeadModel
 
 

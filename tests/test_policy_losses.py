@@ -1,4 +1,4 @@
-"""The policy-loss registry (ppo/policy_losses.py), the entropy controls and DAPO's soft
+"""The policy-loss registry (ppo/algorithm/policy_losses.py), the entropy controls and DAPO's soft
 overlong punishment, each pinned on a hand-made 2x4 batch.
 
 The batch: old log-probs all -1; log-ratios row 0 [0.1, 0.3, -0.1, 0.0] with A = +1, row 1
@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from ppo.config import PPOConfig
-from ppo.losses import LOSS_AGG_MODES, aggregate, group_shares
-from ppo.policy_losses import POLICY_LOSSES, EntropyControl, policy_loss, top_entropy_mask
-from ppo.rewards import overlong_penalty
+from ppo.algorithm.losses import LOSS_AGG_MODES, aggregate, group_shares
+from ppo.algorithm.policy_losses import POLICY_LOSSES, EntropyControl, policy_loss, top_entropy_mask
+from ppo.algorithm.rewards import overlong_penalty
 
 e = math.exp
 MASK = torch.tensor([[1.0, 1, 1, 1], [1, 1, 0, 0]])
@@ -129,7 +129,7 @@ def test_top_entropy_mask_keeps_gradient_only_on_high_entropy_tokens():
 # ---------------------------------------------------------------- at ratio 1
 def _previous_policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=0.2, clip_high=None,
                           dual_clip=None, loss_agg="token_mean", max_len=None, skip_empty_rows=False):
-    """The clipped loss as ppo/losses.py computed it before the registry, kept as the reference."""
+    """The clipped loss as ppo/algorithm/losses.py computed it before the registry, kept as the reference."""
     clip_high = clip_low if clip_high is None else clip_high
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = -advantages * ratio

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-import ppo.optimization as optimization_module
+import ppo.models.optimization as optimization_module
 import ppo.trainer as trainer_module
 from ppo.cli import build_parser, config_from_args
 from ppo.config import PPOConfig, preset

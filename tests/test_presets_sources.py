@@ -16,12 +16,13 @@ import pytest
 import torch
 
 from gae import estimate_advantages, whiten
-from ppo.buffer import accumulation_weights
+from ppo.algorithm.buffer import accumulation_weights
 from ppo.config import PRESETS, TESTBED_ADJUSTMENTS, TESTBED_SCALE, PPOConfig, preset
-from ppo.kl import kl_penalty
-from ppo.losses import aggregate, critic_loss_mask, policy_loss, token_loss_weights, value_loss
-from ppo.rewards import apply_missing_eos, score_positions, shape_rewards, whiten_rewards, whitening_gae_mask
-from ppo.rollout import Rollout, pad_to_width
+from ppo.algorithm.kl import kl_penalty
+from ppo.algorithm.losses import aggregate, critic_loss_mask, token_loss_weights, value_loss
+from ppo.algorithm.policy_losses import policy_loss
+from ppo.algorithm.rewards import apply_missing_eos, score_positions, shape_rewards, whiten_rewards, whitening_gae_mask
+from ppo.models.rollout import Rollout, pad_to_width
 
 PRESETS_DOC = Path(__file__).resolve().parent.parent / "docs" / "presets.md"
 TABLE_COLUMNS = ("field", "preset", "upstream", "file", "line", "commit", "status")
@@ -417,7 +418,7 @@ def test_seq_mean_token_sum_is_exact_for_1_vs_4_micro_batches(skip_empty_rows):
 
 
 def test_adam_betas_reach_the_optimizer():
-    from ppo.optimization import build_optimizers
+    from ppo.models.optimization import build_optimizers
 
     config = PPOConfig(adam_beta1=0.8, adam_beta2=0.95, separate_value_optimizer=False)
     policy_opt, _ = build_optimizers(config, torch.nn.Linear(2, 2), None)

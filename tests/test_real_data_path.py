@@ -7,9 +7,9 @@ import pytest
 import torch
 from transformers import PreTrainedTokenizerFast
 
-from ppo.evaluation import evaluate
-from ppo.policy import ModelLoadError, encode_prompts, load_policy, position_ids_from_mask
-from ppo.rollout import generate
+from ppo.run.evaluation import evaluate
+from ppo.models.policy import ModelLoadError, encode_prompts, load_policy, position_ids_from_mask
+from ppo.models.rollout import generate
 from ppo.tasks import GSM8KTask, TaskDataError, load_gsm8k_jsonl
 
 

@@ -20,9 +20,9 @@ import pytest
 import torch
 
 from ppo.config import PPOConfig
-from ppo.run_dir import RunDirectoryError
-from ppo import guards
-from ppo.guards import (NonFiniteError, RewardTypeError, check_parameters, check_scores, check_update,
+from ppo.run.run_dir import RunDirectoryError
+from ppo.run import guards
+from ppo.run.guards import (NonFiniteError, RewardTypeError, check_parameters, check_scores, check_update,
                         drop_nonfinite_scores, reward_values)
 from ppo.trainer import RLTrainer
 
@@ -203,7 +203,7 @@ def test_check_parameters_catches_overflowed_weights():
 
 @pytest.mark.parametrize("where", [0, 5, 9])
 def test_check_parameters_reads_weights_stored_side_by_side_as_one_block(where):
-    """Weights tiling one storage (a paired policy and critic: ppo/model_pairs.py) are checked
+    """Weights tiling one storage (a paired policy and critic: ppo/speed/model_pairs.py) are checked
     as one block, and a NaN anywhere in it, or in a weight outside it, still stops the run;
     huge but finite weights (a block norm that overflows) do not."""
     rows = torch.zeros(2, 5)
@@ -287,7 +287,7 @@ def test_runner_stops_its_runs_on_sigterm(tmp_path):
 def test_runner_killed_with_sigkill_takes_its_runs_with_it(tmp_path):
     """SIGKILL cannot be caught, but every run is started to die with the process that
     launched it (Linux PR_SET_PDEATHSIG): no orphan keeps writing, and its lock is gone."""
-    from ppo.run_lock import RunLock
+    from ppo.run.run_lock import RunLock
 
     driver, child, run_dir = _start_driver(tmp_path)
     driver.kill()
@@ -310,7 +310,7 @@ def test_a_run_directory_locked_by_a_live_process_is_left_untouched(tmp_path):
     run_dir = tmp_path / "sweep" / "toy" / "a" / "seed1"
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text('{"step": 0}\n')
-    holder_code = ("import sys, time; from pathlib import Path; from ppo.run_lock import RunLock; "
+    holder_code = ("import sys, time; from pathlib import Path; from ppo.run.run_lock import RunLock; "
                    "lock = RunLock(Path(sys.argv[1])); assert lock.acquire(); print('held', flush=True); "
                    "time.sleep(120)")
     root = Path(__file__).resolve().parent.parent
@@ -385,7 +385,7 @@ def test_resume_refuses_a_changed_config(finished_run, tmp_path, change, listed)
 
 def test_resume_refuses_another_model_even_when_allowed(finished_run, tmp_path):
     run, config, _ = copy_run(finished_run, tmp_path)
-    from ppo.run_dir import resume_changes
+    from ppo.run.run_dir import resume_changes
 
     with pytest.raises(RunDirectoryError, match="model_path cannot change on resume"):
         resume_changes(run, config.replace(model_path=str(tmp_path)), ["model_path"])

@@ -6,13 +6,14 @@ import random
 import pytest
 import torch
 
-from ppo import provenance, sft
+from ppo.run import provenance
+from ppo.models import sft
 from ppo.config import PPOConfig
-from ppo.filtering import PromptPool
+from ppo.algorithm.filtering import PromptPool
 from ppo.tasks import ArithmeticTask
 from ppo.tasks.preferences import PreferenceTask
 
-# The digests of the shipped warm starts (ppo/warm_start/): what a fresh clone starts RL from
+# The digests of the shipped warm starts (ppo/models/warm_start/): what a fresh clone starts RL from
 # on every machine. A change here is a new warm start: every documented number moves with it.
 PINNED_FULL = "40760af3dd166d9d83b9e16c582e8ee822b80dade1078f6b070cb013efb7a33a"
 PINNED_STEP200 = "abcf5e7747d4a664f33a8dedc59875aef78e6d4edfce7fcba569484e93829d3d"
@@ -26,7 +27,7 @@ def test_a_fresh_clone_gets_the_pinned_warm_start():
     assert sft.load_sft_info(full)["config"] == sft.load_sft_info(weak)["config"]  # one run, two checkpoints
     assert sft.load_sft_info(full)["steps_trained"] == sft.SFTConfig().steps
     # the trainer's default start is that directory
-    from ppo.models import warm_start_path
+    from ppo.models.setup import warm_start_path
 
     assert warm_start_path(PPOConfig(progress=False)) == str(full)
 

@@ -1,9 +1,9 @@
-"""Hand-computed checks for ppo/rewards.py: every expected number was worked out on paper."""
+"""Hand-computed checks for ppo/algorithm/rewards.py: every expected number was worked out on paper."""
 
 import pytest
 import torch
 
-from ppo.rewards import (
+from ppo.algorithm.rewards import (
     apply_missing_eos,
     clip_scores,
     format_reward,

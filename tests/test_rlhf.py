@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ppo.config import preset
-from ppo.policy import ModelLoadError, load_policy
+from ppo.models.policy import ModelLoadError, load_policy
 from ppo.tasks.base import Problem
 from ppo.tasks.preferences import (
     AnnotatorPool,
@@ -166,7 +166,7 @@ def test_bradley_terry_loss_by_hand():
 
 def test_scores_are_read_where_the_trainer_reads_them(tiny_policy):
     """Scoring decoded text (reward-model training) = scoring the rollout tensors (RL)."""
-    from ppo.rollout import decode_responses, generate
+    from ppo.models.rollout import decode_responses, generate
 
     policy, tokenizer = tiny_policy
     model = ScalarHeadModel.from_policy(policy, head_init="normal", kind="reward").eval()
@@ -236,7 +236,7 @@ def test_a_plain_causal_lm_is_not_a_reward_model(tiny_model_dir, tmp_path):
     with pytest.raises(ModelLoadError, match="not a scalar-head model"):
         ScalarHeadModel.from_pretrained(tiny_model_dir)
     for path in (tiny_model_dir, tmp_path / "missing"):
-        with pytest.raises(MissingRewardModelError, match="python -m ppo.rlhf build"):
+        with pytest.raises(MissingRewardModelError, match="python -m ppo.tasks.rlhf build"):
             PreferenceTask(reward_model_path=path)
 
 
@@ -299,7 +299,7 @@ def test_alpacafarm_preset_matches_alpacafarm():
 
 
 def test_reward_model_cache_path_is_deterministic_and_builds_nothing(tmp_path):
-    from ppo.rlhf import RLHFConfig, reward_model_cache_path
+    from ppo.tasks.rlhf import RLHFConfig, reward_model_cache_path
 
     path = reward_model_cache_path(cache_dir=tmp_path)
     assert path == reward_model_cache_path(RLHFConfig(), cache_dir=tmp_path)
@@ -312,7 +312,7 @@ def test_reward_model_cache_path_is_deterministic_and_builds_nothing(tmp_path):
 
 def test_overoptimization_ablation_points_at_the_cached_reward_model():
     from ablations.registry import get_ablation
-    from ppo.rlhf import reward_model_cache_path
+    from ppo.tasks.rlhf import reward_model_cache_path
 
     ablation = get_ablation("alpacafarm_overoptimization")
     assert [v.overrides["kl_coef"] for v in ablation.variants] == [0.0, 0.0067, 0.05, 0.2]
@@ -323,10 +323,10 @@ def test_overoptimization_ablation_points_at_the_cached_reward_model():
 
 
 def test_rlhf_build_pipeline_is_cached_and_feeds_the_preference_task(tmp_path):
-    """The whole ``python -m ppo.rlhf build`` pipeline at toy sizes."""
-    from ppo.rlhf import RLHFConfig, reward_model_cache_path, reward_model_dir
-    from ppo.sft import SFTConfig
-    from ppo.tiny_model import TinyModelConfig
+    """The whole ``python -m ppo.tasks.rlhf build`` pipeline at toy sizes."""
+    from ppo.tasks.rlhf import RLHFConfig, reward_model_cache_path, reward_model_dir
+    from ppo.models.sft import SFTConfig
+    from ppo.models.tiny_model import TinyModelConfig
 
     sft = SFTConfig(steps=4, batch_size=8, max_new_tokens=8, threads=1,
                     model=TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64))
@@ -351,7 +351,7 @@ def test_rlhf_build_pipeline_is_cached_and_feeds_the_preference_task(tmp_path):
 def test_build_out_refuses_a_directory_that_holds_no_reward_model(tmp_path):
     """`--out` replaces an earlier copy of a reward model, never a directory of anything else
     (checked before any building)."""
-    from ppo.rlhf import main
+    from ppo.tasks.rlhf import main
 
     out = tmp_path / "mine"
     out.mkdir()

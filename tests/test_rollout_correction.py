@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from ppo.rollout_correction import correction_weights, mismatch_metrics, sampling_autocast
+from ppo.algorithm.rollout_correction import correction_weights, mismatch_metrics, sampling_autocast
 
 # One sequence of two tokens with trainer / sampler ratios 3 and 0.25, and a padding column.
 OLD = torch.log(torch.tensor([[3.0, 0.25, 1.0]]))
@@ -100,7 +100,7 @@ def test_corrections_cap_the_per_token_weights_in_the_loop(tmp_path, tiny_model_
     """Under bf16 sampling the advantages the update sees are the estimator's times weights
     that never pass the cap (TIS), or tokens outside the band leave the loss mask (MIS)."""
     from ppo.config import preset
-    from ppo import rollout_correction
+    from ppo.algorithm import rollout_correction
 
     seen = {}
     original = rollout_correction.correct

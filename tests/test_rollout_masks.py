@@ -1,6 +1,6 @@
 import torch
 
-from ppo.rollout import truncate_after_stop
+from ppo.models.rollout import truncate_after_stop
 
 
 def test_truncate_after_first_stop_token():
@@ -18,7 +18,7 @@ def test_several_stop_tokens():
 
 
 def test_left_pad_by_hand():
-    from ppo.policy import left_pad
+    from ppo.models.policy import left_pad
 
     ids, mask = left_pad([[5, 6, 7], [8], []], pad_id=0)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8], [0, 0, 0]] and ids.dtype == torch.long
@@ -30,9 +30,9 @@ def test_no_stop_token_runs_every_response_to_the_limit(char_tokenizer):
     missing EOS then means no EOS id anywhere in the response (TRL contain_eos_token)."""
     import copy
 
-    from ppo import lean_forward
-    from ppo.rollout import generate, responses_and_masks
-    from ppo.tiny_model import TinyModelConfig, build_tiny_model
+    from ppo.speed import lean_forward
+    from ppo.models.rollout import generate, responses_and_masks
+    from ppo.models.tiny_model import TinyModelConfig, build_tiny_model
 
     torch.manual_seed(0)
     model = build_tiny_model(TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64),

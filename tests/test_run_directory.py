@@ -27,11 +27,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppo import checkpoints, run_dir, run_lock
+from ppo.run import checkpoints, run_dir, run_lock
 from ppo.cli import build_parser, config_from_args, main
 from ppo.config import PPOConfig
-from ppo.guards import NonFiniteError, RewardFunctionError, check_scores, reward_values
-from ppo.run_dir import RunDirectoryError
+from ppo.run.guards import NonFiniteError, RewardFunctionError, check_scores, reward_values
+from ppo.run.run_dir import RunDirectoryError
 from ppo.trainer import RLTrainer
 
 from test_reliability import TINY, PROMPTS, copy_run, count_ones, finished_run, resume  # noqa: F401
@@ -424,7 +424,7 @@ def test_a_nan_reward_in_evaluation_is_dropped_and_counted_in_drop_mode(tmp_path
 
 
 def test_evaluation_truncates_long_prompts_as_training_does(tmp_path, tiny_model_dir):
-    from ppo.rollout import PromptTooLongError
+    from ppo.models.rollout import PromptTooLongError
 
     long_prompts = ["1+1+1+1+1+1+1+1=", "2+3=", "9+9=", "4+4="]
     config = PPOConfig(model_path=str(tiny_model_dir), output_dir=str(tmp_path / "run"), task="custom",
@@ -437,7 +437,7 @@ def test_evaluation_truncates_long_prompts_as_training_does(tmp_path, tiny_model
 
 # ------------------------------------------------------------------------------- the model side
 def test_special_tokens_spelled_in_a_prompt_follow_split_special_tokens(tmp_path, tiny_model_dir):
-    from ppo.rollout import encode_queries
+    from ppo.models.rollout import encode_queries
 
     config = PPOConfig(model_path=str(tiny_model_dir), output_dir=str(tmp_path / "run"), task="custom", **TINY)
     for split in (False, True):
@@ -501,7 +501,7 @@ def test_step_1_kl_is_exactly_zero_with_gradient_checkpointing(tmp_path, tiny_mo
     config = PPOConfig(model_path=str(model_dir), output_dir=str(tmp_path / "run"), task="custom",
                        gradient_checkpointing=True, **TINY)
     trainer = RLTrainer(config, prompts=PROMPTS, reward_fn=count_ones)
-    from ppo import lean_forward
+    from ppo.speed import lean_forward
 
     assert lean_forward.lean_backbone(trainer.ref_policy) is None
     metrics = trainer.train_step()

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ppo import checkpoints, run_dir, run_lock
+from ppo.run import checkpoints, run_dir, run_lock
 from ppo.cli import main
 from ppo.config import PPOConfig
-from ppo.run_dir import RunDirectoryError
+from ppo.run.run_dir import RunDirectoryError
 from ppo.trainer import RLTrainer
 
 from test_reliability import TINY, copy_run, finished_run, resume  # noqa: F401

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from ppo.sft import SFTConfig, demonstration_batch, train_sft, warm_start
+from ppo.models.sft import SFTConfig, demonstration_batch, train_sft, warm_start
 from ppo.tasks.base import Problem
-from ppo.tiny_model import TinyModelConfig
+from ppo.models.tiny_model import TinyModelConfig
 
 SMALL = dict(steps=4, batch_size=8, model=TinyModelConfig(hidden_size=32, num_layers=2, num_heads=2, intermediate_size=64))
 
@@ -40,7 +40,7 @@ def test_sft_is_deterministic_for_a_seed():
 
 
 def test_sft_lowers_the_loss():
-    from ppo.sft import sft_loss
+    from ppo.models.sft import sft_loss
     import random
 
     config = SFTConfig(seed=0, steps=60, batch_size=16, lr=3e-3,
@@ -48,7 +48,7 @@ def test_sft_lowers_the_loss():
     task = config.task()
     tokenizer_batch = None
     model, tokenizer = train_sft(config, progress=False)
-    from ppo.tiny_model import build_tiny_model
+    from ppo.models.tiny_model import build_tiny_model
 
     torch.manual_seed(0)
     untrained = build_tiny_model(config.model, tokenizer)
@@ -90,7 +90,7 @@ def test_stop_after_is_the_full_runs_intermediate_checkpoint(tmp_path):
 
 
 def test_warm_start_caches_an_earlier_checkpoint_separately(tmp_path):
-    from ppo.sft import load_sft_info
+    from ppo.models.sft import load_sft_info
 
     config = SFTConfig(seed=1, max_new_tokens=8, **SMALL)
     full = warm_start(config, cache_dir=tmp_path, progress=False)

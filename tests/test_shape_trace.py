@@ -41,7 +41,7 @@ def step_tensors(tmp_path, tiny_model_dir, **overrides) -> dict[str, torch.Tenso
                        rollout_batch_size=8, response_length=10, eval_every=0, total_steps=1, save_every=0,
                        progress=False, log_samples=1, **overrides)
     trainer = RLTrainer(config, prompts=["1+1=", "2+3="], reward_fn=lambda p, r: [float(x.count("1")) for x in r])
-    # the methods themselves, under their timing decorators (ppo/metrics.py)
+    # the methods themselves, under their timing decorators (ppo/run/metrics.py)
     wanted = {inspect.unwrap(RLTrainer.train_step).__code__, inspect.unwrap(RLTrainer._update).__code__}
     found: dict[str, torch.Tensor] = {}
 

@@ -1,4 +1,4 @@
-"""Sharded models (PPOConfig.sharding="fsdp", ppo/sharding.py) with real processes: 1 vs 2
+"""Sharded models (PPOConfig.sharding="fsdp", ppo/parallel/sharding.py) with real processes: 1 vs 2
 CPU processes over gloo.
 
 - one update on a fixed rollout batch gives the same weights and metrics sharded over 2
@@ -46,7 +46,7 @@ FSDP_LAUNCH = ROOT / "configs" / "accelerate" / "cpu-2proc-fsdp.yaml"
 # KILL_STEP is logged when the first argument is "log"; "none" runs straight through.
 HELD_RUN = '''
 import sys, time, pathlib
-from ppo import run_loop
+from ppo.run import run_loop
 moment, step, marker = sys.argv[1], int(sys.argv[2]), pathlib.Path(sys.argv[3])
 real_log = run_loop.log
 def held_log(trainer, metrics):
@@ -214,7 +214,7 @@ def straight_policy(runs: Path, final: str) -> dict:
 
 
 def test_resume_under_another_sharding_is_refused(runs, tmp_path):
-    from ppo.run_dir import RunDirectoryError
+    from ppo.run.run_dir import RunDirectoryError
     from ppo.trainer import RLTrainer
 
     shutil.copytree(runs / "straight", tmp_path / "run")
@@ -227,9 +227,9 @@ def test_resume_under_another_sharding_is_refused(runs, tmp_path):
 
 
 def test_resume_layouts(monkeypatch, tmp_path):
-    """Which checkpoint layouts a run resumes from (`ppo.sharding.check_resume_layout`)."""
-    from ppo import distributed, sharding
-    from ppo.run_dir import RunDirectoryError
+    """Which checkpoint layouts a run resumes from (`ppo.parallel.sharding.check_resume_layout`)."""
+    from ppo.parallel import distributed, sharding
+    from ppo.run.run_dir import RunDirectoryError
 
     config = PPOConfig(sharding="fsdp")
     monkeypatch.setattr(distributed, "world_size", lambda: 2)
@@ -258,7 +258,7 @@ def test_sharding_settings_are_checked():
 
 
 def test_sharded_evaluation_scores_each_shard_in_one_call():
-    from ppo.run_loop import sharded_eval_batch
+    from ppo.run.run_loop import sharded_eval_batch
 
     class Task:
         eval_batch_size = 2
@@ -271,9 +271,9 @@ def test_sharded_evaluation_scores_each_shard_in_one_call():
 
 def test_lora_merge_from_a_gathered_state_dict_equals_peft_merge(tiny_model_dir):
     """A sharded LoRA policy is saved merged from its gathered state dict: the same weights as
-    peft's own merge of the module (`ppo.lora.merged_state_dict`)."""
-    from ppo.lora import apply_lora, merged_state_dict
-    from ppo.policy import load_policy
+    peft's own merge of the module (`ppo.models.lora.merged_state_dict`)."""
+    from ppo.models.lora import apply_lora, merged_state_dict
+    from ppo.models.policy import load_policy
 
     torch.manual_seed(0)
     policy, _ = load_policy(str(tiny_model_dir))

@@ -1,7 +1,7 @@
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ppo.tiny_model import TinyModelConfig, build_char_tokenizer, build_tiny_model
+from ppo.models.tiny_model import TinyModelConfig, build_char_tokenizer, build_tiny_model
 
 
 def test_tokenizer_round_trip_and_special_tokens(char_tokenizer):

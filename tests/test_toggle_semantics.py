@@ -12,13 +12,14 @@ import pytest
 import torch
 
 from gae import compute_gae, group_advantages
-from ppo.buffer import accumulation_weights
+from ppo.algorithm.buffer import accumulation_weights
 from ppo.config import PRESETS, PPOConfig, preset
-from ppo.dynamic_sampling import ScoredBatch, sample_batch
-from ppo.kl import AdaptiveKLController, AlpacaFarmKLController, make_kl_controller
-from ppo.losses import LOSS_AGG_MODES, aggregate, group_shares, policy_loss, value_loss
-from ppo.rewards import whiten_rewards, whitening_gae_mask
-from ppo.rollout import Rollout
+from ppo.algorithm.dynamic_sampling import ScoredBatch, sample_batch
+from ppo.algorithm.kl import AdaptiveKLController, AlpacaFarmKLController, make_kl_controller
+from ppo.algorithm.losses import LOSS_AGG_MODES, aggregate, group_shares, value_loss
+from ppo.algorithm.policy_losses import policy_loss
+from ppo.algorithm.rewards import whiten_rewards, whitening_gae_mask
+from ppo.models.rollout import Rollout
 from ppo.tasks.base import Problem
 
 
@@ -142,7 +143,7 @@ def test_accumulation_over_micro_batches_equals_the_full_batch(loss_agg, skip_em
 
 # ---------------------------------------------------------------- 4. learning-rate schedule
 def test_linear_warmup_is_piecewise_like_transformers():
-    from ppo.optimization import build_lr_scheduler
+    from ppo.models.optimization import build_lr_scheduler
 
     optimizer = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     scheduler = build_lr_scheduler(optimizer, "linear", warmup_steps=5, total_steps=250)

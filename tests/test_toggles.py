@@ -78,7 +78,7 @@ def test_gradient_norms_and_clip_scale(tmp_path, tiny_model_dir, separate, max_g
 
 
 def test_joint_gradient_norm_by_hand_and_without_half_precision_overflow():
-    from ppo.precision import grad_norm
+    from ppo.models.precision import grad_norm
     a, b, c = (torch.nn.Parameter(torch.zeros(n)) for n in (2, 3, 1))
     a.grad, b.grad = torch.tensor([3.0, 0.0]), torch.tensor([0.0, 4.0, 12.0])  # c has none: skipped
     assert grad_norm([a, b, c]) == pytest.approx(13.0)
@@ -94,7 +94,7 @@ def test_one_norm_pass_clips_exactly_as_clip_grad_norm(joint, max_norm):
     joint one, no multiply by 1) leaves bitwise the gradients ``clip_grad_norm_`` leaves,
     and reports the same norms as accelerate's path (bf16 gradients take that one)."""
     from accelerate import Accelerator
-    from ppo.precision import clip_grad_norms, grad_norm
+    from ppo.models.precision import clip_grad_norms, grad_norm
 
     def groups(dtype=torch.float32):
         torch.manual_seed(0)

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ppo import trackers
+from ppo.run import trackers
 from ppo.config import PPOConfig
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -287,7 +287,7 @@ def test_mlflow_experiment_created_by_another_process_at_the_same_moment(tmp_pat
     "already exists" must not stop its run (it failed about one sweep in three before)."""
     import mlflow
     from mlflow.exceptions import MlflowException
-    from ppo.trackers import _create_mlflow_experiment
+    from ppo.run.trackers import _create_mlflow_experiment
 
     for name, value in offline_env(tmp_path).items():
         monkeypatch.setenv(name, value)

@@ -71,7 +71,7 @@ def test_a_run_is_the_same_whether_its_warm_start_was_built_or_cached(tmp_path, 
     start gives (it was not: the rollouts drew from the state the warm start's training left)."""
     import random
 
-    import ppo.sft
+    import ppo.models.sft
 
     def cached(**kwargs):
         return tiny_model_dir
@@ -85,7 +85,7 @@ def test_a_run_is_the_same_whether_its_warm_start_was_built_or_cached(tmp_path, 
 
     rows = {}
     for name, warm_start in (("cached", cached), ("built", built)):
-        monkeypatch.setattr(ppo.sft, "warm_start", warm_start)
+        monkeypatch.setattr(ppo.models.sft, "warm_start", warm_start)
         RLTrainer(PPOConfig(output_dir=str(tmp_path / name), **TINY)).train()
         rows[name] = without_timing(read_metrics(tmp_path / name))
     assert rows["built"] == rows["cached"]
@@ -97,7 +97,7 @@ def test_beta_zero_never_calls_the_reference_model(tmp_path, tiny_model_dir):
     config = preset("grpo", model_path=str(tiny_model_dir), output_dir=str(tmp_path / "g"), group_size=4,
                     **{**TINY, "total_steps": 2})
     with_ref = RLTrainer(config)
-    # the output head runs in every forward path (module call or ppo/lean_forward.py)
+    # the output head runs in every forward path (module call or ppo/speed/lean_forward.py)
     with_ref.ref_policy.get_output_embeddings().register_forward_hook(lambda *args: calls.append(1))
     with_ref.train_step()
     assert calls, "the spy must see reference calls when beta > 0"
@@ -159,7 +159,7 @@ def test_one_tensorboard_event_per_step_holds_what_add_scalar_would(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from torch.utils.tensorboard import SummaryWriter
 
-    from ppo.run_loop import write_scalars
+    from ppo.run.run_loop import write_scalars
 
     scalars = {"kl": 0.25, "reward": -1.5, "eval_sampled_accuracy": 0.625}
     plain, batched = SummaryWriter(str(tmp_path / "a")), SummaryWriter(str(tmp_path / "b"))
@@ -203,7 +203,7 @@ def test_kl_at_the_sampling_temperature_is_one_quantity_for_both_temperature_tog
     unscaled.train_step()
     unscaled.passes.sampling_temperature_kl = spy
     metrics = unscaled.train_step()
-    from ppo.logprobs import response_logprobs
+    from ppo.models.logprobs import response_logprobs
     policy = unscaled.accelerator.unwrap_model(unscaled.policy)
     policy.load_state_dict(seen["policy"])  # back to the rollout-time weights
     rollout = seen["rollout"]

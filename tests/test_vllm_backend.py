@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from ppo.config import PPOConfig
-from ppo.vllm_sampler import build, import_vllm
+from ppo.parallel.vllm_sampler import build, import_vllm
 
 
 def test_backend_names_and_sizes_are_checked():

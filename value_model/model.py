@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import AutoModel, PreTrainedModel
 
-from ppo.policy import ModelLoadError, check_model_dir, disable_dropout
+from ppo.models.policy import ModelLoadError, check_model_dir, disable_dropout
 
 HEAD_WEIGHTS = "scalar_head.safetensors"
 HEAD_INFO = "scalar_head.json"
@@ -107,9 +107,9 @@ class ScalarHeadModel(nn.Module):
 
     def save_pretrained(self, path: str | Path, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """The backbone as an HF model directory plus the head; a LoRA backbone is saved
-        merged (a plain backbone) with its adapter in ``adapter/`` (see ppo/lora.py).
+        merged (a plain backbone) with its adapter in ``adapter/`` (see ppo/models/lora.py).
         `state_dict`: this model's whole state when its own weights are shards (FSDP)."""
-        from ppo.lora import save_policy
+        from ppo.models.lora import save_policy
 
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
@@ -126,7 +126,7 @@ class ScalarHeadModel(nn.Module):
 
 def load_value_weights(model: ScalarHeadModel, path: str | Path) -> None:
     """Restore a critic saved by `ScalarHeadModel.save_pretrained` into `model` (resume)."""
-    from ppo.lora import load_policy_weights
+    from ppo.models.lora import load_policy_weights
 
     path = Path(path)
     load_policy_weights(model.backbone, path, skip=(HEAD_WEIGHTS,))

@@ -22,7 +22,7 @@ Implementation details that live here:
   makes "reward > 0" mean "better than the SFT policy" and keeps rewards of different
   reward models on one scale.
 
-`ppo.rlhf` chains these into the ``python -m ppo.rlhf build`` pipeline.
+`ppo.tasks.rlhf` chains these into the ``python -m ppo.tasks.rlhf build`` pipeline.
 """
 
 from __future__ import annotations
@@ -37,8 +37,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from ppo.logprobs import concat_query_response
-from ppo.policy import encode_prompts, left_pad, load_policy
+from ppo.models.logprobs import concat_query_response
+from ppo.models.policy import encode_prompts, left_pad, load_policy
 
 from .model import ScalarHeadModel
 
@@ -63,7 +63,7 @@ def bradley_terry_loss(r_chosen: torch.Tensor, r_rejected: torch.Tensor) -> torc
 def encode_responses(tokenizer, responses: Sequence[str], has_eos: Sequence[bool]) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded response ids and mask, ``[B, T]``; EOS appended where the response had one.
 
-    The same layout as a rollout (`ppo.rollout.Rollout`): the mask covers the response up
+    The same layout as a rollout (`ppo.models.rollout.Rollout`): the mask covers the response up
     to and including its stop token.
     """
     rows = []
@@ -276,7 +276,7 @@ def save_reward_model(model: ScalarHeadModel, tokenizer, output_dir: str | Path,
     `extra_files` maps file names to text written next to them (e.g. the preference data).
     ``reward_model_info.json`` is the marker of a complete directory.
     """
-    from ppo.sft import save_atomically
+    from ppo.models.sft import save_atomically
 
     output_dir = Path(output_dir)
     save_atomically(model, tokenizer, output_dir, extra={**(extra_files or {}), REWARD_MODEL_INFO: info})

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from .arithmetic import ArithmeticTask
-from .base import Problem, Score, Task
-from .custom import CustomTask
-from .gsm8k import GSM8KTask, TaskDataError, load_gsm8k_jsonl
+from ppo.tasks.arithmetic import ArithmeticTask
+from ppo.tasks.base import Problem, Score, Task
+from ppo.tasks.custom import CustomTask
+from ppo.tasks.gsm8k import GSM8KTask, TaskDataError, load_gsm8k_jsonl
 
 __all__ = ["ArithmeticTask", "CustomTask", "GSM8KTask", "Problem", "Score", "Task", "TaskDataError", "build_task",
            "load_gsm8k_jsonl"]
@@ -28,7 +28,7 @@ def build_task(config, prompts: list[str] | None = None, reward_fn=None) -> Task
     if config.task == "gsm8k":
         return GSM8KTask(config.task_path, eval_path=config.eval_path, answer_mode=config.gsm8k_answer_mode)
     if config.task == "preference":
-        from .preferences import PreferenceTask
+        from ppo.tasks.preferences import PreferenceTask
 
         return PreferenceTask(reward_model_path=config.reward_model_path)
     return ArithmeticTask()

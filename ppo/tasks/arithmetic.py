@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from .base import Problem, Score
+from ppo.tasks.base import Problem, Score
 
 ANSWER_MARKER = "#"
 STEP_SEPARATOR = ";"

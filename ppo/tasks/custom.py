@@ -11,8 +11,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-from ..guards import check_prompts, reward_values
-from .base import Problem, Score
+from ppo.run.guards import check_prompts, reward_values
+from ppo.tasks.base import Problem, Score
 
 RewardFunction = Callable[[list[str], list[str]], list[float]]
 

@@ -38,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from ..config import GSM8K_ANSWER_MODES
-from .base import Problem, Score
+from ppo.config import GSM8K_ANSWER_MODES
+from ppo.tasks.base import Problem, Score
 
 GSM8K_MARKER = "####"
 _PROMPT_TEMPLATE = "Question: {question}\nAnswer:"

@@ -15,7 +15,7 @@ evaluator. This module does the same on the scratchpad-addition testbed, where t
   pool, saved as JSONL (`save_preferences` / `load_preferences`, validated).
 - **`PreferenceTask`**: the arithmetic problems, scored by the gold reward. During RL the
   policy is trained on a reward model fitted to the preferences (`value_model.reward_model`,
-  ``python -m ppo.rlhf build``); the trainer logs this task's score as ``gold_score``.
+  ``python -m ppo.tasks.rlhf build``); the trainer logs this task's score as ``gold_score``.
   `PreferenceTask.extra_eval` adds the held-out gold reward and the gold win rate against
   the SFT policy, the measurements that can reveal reward over-optimisation: the proxy
   (reward-model) score rising while the gold reward and the win rate stall or fall.
@@ -31,14 +31,14 @@ from typing import Sequence
 
 import torch
 
-from .arithmetic import CHECK_PREFIX, ArithmeticTask, parse_answer
-from .base import Problem, Score
+from ppo.tasks.arithmetic import CHECK_PREFIX, ArithmeticTask, parse_answer
+from ppo.tasks.base import Problem, Score
 
 # The gold reward's secondary terms (see `gold_score`).
 CHECK_PENALTY = 0.05  # per "chk" re-check step: the gold prefers brief answers
 FORMAT_PENALTY = 0.5  # no EOS or no parseable answer after the "#" marker
 
-BUILD_COMMAND = "python -m ppo.rlhf build"
+BUILD_COMMAND = "python -m ppo.tasks.rlhf build"
 
 PREFERENCE_FIELDS = ("prompt", "response_a", "response_b", "preferred", "gold_a", "gold_b", "annotator")
 
@@ -53,7 +53,7 @@ def require_reward_model(path: str | Path) -> Path:
     if not (path / "scalar_head.json").is_file():
         raise MissingRewardModelError(
             f"{path}: no reward model here. Build the simulated-preference reward model first with "
-            f"`{BUILD_COMMAND}` (it prints the directory; `python -m ppo.rlhf path` prints the default one), "
+            f"`{BUILD_COMMAND}` (it prints the directory; `python -m ppo.tasks.rlhf path` prints the default one), "
             "or pass --reward-model-path pointing at a directory written by ScalarHeadModel.save_pretrained.")
     return path
 
@@ -197,7 +197,7 @@ def sample_responses(policy, tokenizer, problems: Sequence[Problem], max_new_tok
     `batch_size` problems (for scoring by a reward model). The same policy, problems,
     seed and batch size give the same samples.
     """
-    from ..rollout import decode_responses, generate
+    from ppo.models.rollout import decode_responses, generate
 
     device = next(policy.parameters()).device
     devices = [device.index or 0] if device.type == "cuda" else []
@@ -346,7 +346,7 @@ def build_preference_dataset(policy, tokenizer, task, n_pairs: int, seed: int = 
     """
     from tqdm.auto import tqdm
 
-    from ..rollout import decode_responses, generate
+    from ppo.models.rollout import decode_responses, generate
 
     if n_pairs < 1:
         raise ValueError(f"n_pairs: must be positive, got {n_pairs}")

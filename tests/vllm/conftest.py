@@ -1,4 +1,4 @@
-"""The vLLM backend's tests (generation_backend='vllm', ppo/vllm_sampler.py).
+"""The vLLM backend's tests (generation_backend='vllm', ppo/parallel/vllm_sampler.py).
 
 They need vLLM, whose CPU build pins a transformers older than the main environment's, so
 `make test` runs them in a second environment, ``.venv-vllm``, as

@@ -1,4 +1,4 @@
-"""Sampling on vLLM (`generation_backend='vllm'`, ppo/vllm_sampler.py) against the trainer.
+"""Sampling on vLLM (`generation_backend='vllm'`, ppo/parallel/vllm_sampler.py) against the trainer.
 
 One GRPO testbed trainer with its engine serves the module. Tolerance: the engine's fp32
 CPU kernels and the trainer's forward agree on a sampled token's log-prob to about 2e-5 at
@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from ppo.config import preset
-from ppo.forward_passes import rollout_args
-from ppo.logprobs import response_logprobs
-from ppo.policy import load_policy
-from ppo.rollout import generate
+from ppo.models.forward_passes import rollout_args
+from ppo.models.logprobs import response_logprobs
+from ppo.models.policy import load_policy
+from ppo.models.rollout import generate
 
 TOL = 1e-4  # largest |logp_sampler - logp_trainer| per token accepted (fp32, CPU)
 PROMPTS = ["12+3=", "7+8=", "45+19=", "3+3=", "60+21=", "9+1=", "33+4=", "8+88="]
@@ -98,7 +98,7 @@ def test_every_optimizer_step_marks_the_engine_stale(trainer):
 
 
 def test_lora_policy_syncs_its_merged_weights(trainer):
-    from ppo.lora import apply_lora
+    from ppo.models.lora import apply_lora
 
     sampler, base_policy = trainer.vllm_sampler, trainer.policy_module
     lora_policy, _ = load_policy(trainer.model_path)
@@ -121,7 +121,7 @@ def test_lora_policy_syncs_its_merged_weights(trainer):
 # ------------------------------------------------------------------ sampling settings, field by field
 def test_sampling_params_map_each_field():
     pytest.importorskip("vllm")
-    from ppo.vllm_sampler import sampling_params
+    from ppo.parallel.vllm_sampler import sampling_params
 
     neutral = sampling_params(64, [2])
     assert (neutral.temperature, neutral.top_k, neutral.top_p, neutral.max_tokens) == (1.0, 0, 1.0, 64)
@@ -177,7 +177,7 @@ def test_same_torch_seed_same_rollout_other_seed_other_rollout(trainer):
 
 def test_unsupported_architecture_is_named():
     pytest.importorskip("vllm")
-    from ppo.vllm_sampler import check_architecture
+    from ppo.parallel.vllm_sampler import check_architecture
 
     with pytest.raises(ValueError, match="NoSuchModelForCausalLM"):
         check_architecture(SimpleNamespace(architectures=["NoSuchModelForCausalLM"]))

@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from ppo import distributed
+from ppo.parallel import distributed
 from ppo.config import preset
 from ppo.trainer import RLTrainer
 

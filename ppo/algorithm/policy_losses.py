@@ -1,0 +1,491 @@
+"""The policy-loss registry: how `policy_loss` in `PPOConfig` picks the surrogate objective.
+
+The update calls `policy_loss(..., name=cfg.policy_loss)` and never branches on the name, so
+PPO's clipped loss and its 2025 relatives share one loop and differ only in this string (the
+verl `POLICY_LOSS_REGISTRY` pattern). Every loss is one decorated function with one
+signature: keyword tensors ``[B, T]`` (`logprobs` with grad, `old_logprobs`, `advantages`,
+the loss `mask`) plus every setting as a keyword it may ignore, returning the per-token loss
+``[B, T]`` and its own metrics. `policy_loss` then aggregates with `loss_agg`
+(`ppo.algorithm.losses.aggregate`), so every loss is exact under gradient accumulation.
+
+Implementation details that live here:
+
+- **`vanilla`**: PPO's clipped surrogate, with DAPO's clip-higher (`clip_high`) and the dual
+  clip (`dual_clip`; equal to INTELLECT-2's two-sided clip `delta` of TRL, see `vanilla`).
+- **`gspo`** and **`gspo_token`** (Qwen, GSPO): one importance ratio per sequence, the
+  geometric mean of its token ratios, clipped per sequence.
+- **`cispo`** (MiniMax-M1): clip the importance weight, stop its gradient, keep every
+  token's gradient.
+- **`geo_mean`** (GMPO): the geometric mean of token ratios clipped in log space, times the
+  sequence's advantage.
+- **`clip_cov`** and **`kl_cov`** (Cui et al., "The Entropy Mechanism of RL for Reasoning
+  LMs"): act on the few tokens whose log-prob and advantage covary most.
+- **`top_entropy_mask`** (Wang et al., "Beyond the 80/20 Rule"; TRL `top_entropy_quantile`):
+  train only on the highest-entropy tokens.
+- **`EntropyControl`** (Skywork-OR1; TRL `use_adaptive_entropy`): an entropy coefficient
+  that moves toward a target entropy.
+
+How sequence-level losses compose with `loss_agg`: `gspo` and `geo_mean` compute one loss per
+sequence and place it on each of the sequence's tokens. `seq_mean_token_mean` then gives each
+sequence one vote, the papers' form (and verl's fixed choice); `token_mean` weighs a
+sequence by its length, `seq_mean_token_sum` by its length too (over the number of
+sequences). At ratio 1 every loss here has PPO's gradient in every mode (`cispo` and `kl_cov`
+REINFORCE's, which is the same; `clip_cov` less its detached tokens): the sequence ratio's
+gradient spreads `1/L` over the sequence's tokens, which is what the broadcast gives back.
+
+Not offered: verl's clamp of the log-ratio at 20 (`vanilla`, `cispo`) and at 10
+(`gspo`) for stability; the testbed never comes near it, and a clamp hides a diverging run.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from ppo.algorithm.losses import _masked_mean, aggregate
+
+PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
+
+POLICY_LOSSES: dict[str, PolicyLoss] = {}
+# Losses whose importance ratio is one number per sequence: a per-token mask or cap cannot
+# act on them (`PPOConfig.validate` refuses those combinations, naming the fields).
+SEQUENCE_LEVEL_LOSSES = ("gspo", "geo_mean")
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
+    """Decorator adding a loss to `POLICY_LOSSES` under `name`::
+
+        @register_policy_loss("my_loss")
+        def my_loss(*, logprobs, old_logprobs, advantages, mask, **settings):
+            return per_token_loss, {"my_metric": 0.0}   # [B, T], floats
+    """
+
+    def decorator(fn: PolicyLoss) -> PolicyLoss:
+        if name in POLICY_LOSSES:  # silently replacing one would make equal configs differ
+            raise ValueError(f"policy loss {name!r} is already registered")
+        POLICY_LOSSES[name] = fn
+        return fn
+
+    return decorator
+
+
+def policy_loss(
+    logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
+    response_mask: torch.Tensor,
+    clip_low: float = 0.2,
+    clip_high: float | None = None,
+    dual_clip: float | None = None,
+    loss_agg: str = "token_mean",
+    max_len: int | None = None,
+    skip_empty_rows: bool = False,
+    group_share: torch.Tensor | None = None,
+    name: str = "vanilla",
+    train_on: torch.Tensor | None = None,
+    cov_fraction: float = 2e-4,
+    clip_cov_low: float = 1.0,
+    clip_cov_high: float = 5.0,
+    kl_cov_coef: float = 1.0,
+    generator: torch.Generator | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """The policy loss registered as `name`, aggregated over `response_mask` by `loss_agg`.
+
+    Args:
+        logprobs: `[B, T]` log-probs of the sampled tokens under the current policy (with grad).
+        old_logprobs: `[B, T]` log-probs under the policy that sampled them (no grad).
+        advantages: `[B, T]`.
+        response_mask: `[B, T]`, 1 on the tokens in the loss; it is the denominator of `loss_agg`.
+        group_share: `[B]`, each row's share of its prompt group (`loss_agg="prompt_mean"` only).
+        clip_low, clip_high, dual_clip: the clip ranges (`clip_high=None`: symmetric).
+        train_on: optional `[B, T]` bool, the tokens that get a gradient (`top_entropy_mask`);
+            the others count in the denominator but add 0, as TRL masks them.
+        cov_fraction, clip_cov_low, clip_cov_high, kl_cov_coef: `clip_cov` / `kl_cov` settings.
+        generator: draws `clip_cov`'s random tokens.
+
+    Returns:
+        `(loss, metrics)`: every loss's own metrics plus `pg_loss`, `approx_kl` (mean of
+        0.5 * (logprobs - old_logprobs)^2, as TRL and AlpacaFarm log it), `ratio_mean`,
+        `ratio_max` (token ratios) and, with `train_on`, `entropy_mask_frac`.
+    """
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"policy_loss must be one of {sorted(POLICY_LOSSES)}, got policy_loss={name!r}")
+    if clip_high is None:
+        clip_high = clip_low
+    if clip_low < 0 or clip_high < 0:
+        raise ValueError(f"clip ranges must be >= 0, got clip_low={clip_low}, clip_high={clip_high}")
+    if dual_clip is not None and dual_clip <= 1.0:
+        raise ValueError(f"dual_clip must be > 1 (a cap of c*|A| above the clipped loss), got dual_clip={dual_clip}")
+    per_token, metrics = POLICY_LOSSES[name](
+        logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=response_mask,
+        clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, cov_fraction=cov_fraction,
+        clip_cov_low=clip_cov_low, clip_cov_high=clip_cov_high, kl_cov_coef=kl_cov_coef, generator=generator)
+    if train_on is not None:
+        per_token = torch.where(train_on.bool(), per_token, torch.zeros_like(per_token))  # [B, T]
+    loss = aggregate(per_token, response_mask, loss_agg, max_len, skip_empty_rows, group_share)
+
+    with torch.no_grad():
+        mask = response_mask.bool()
+        log_ratio = logprobs - old_logprobs  # [B, T]
+        ratio = torch.exp(log_ratio)  # [B, T]
+        metrics.update({
+            "pg_loss": loss.item(),
+            "approx_kl": _masked_mean(0.5 * log_ratio.pow(2), mask).item(),
+            "ratio_mean": _masked_mean(ratio, mask).item(),
+            "ratio_max": torch.where(mask, ratio, torch.full_like(ratio, float("-inf"))).max().item(),
+        })
+        if train_on is not None:
+            metrics["entropy_mask_frac"] = _masked_mean(train_on.float(), mask).item()
+    return loss, metrics
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------------------------
+def _row_fraction(flags: torch.Tensor, mask: torch.Tensor) -> float:
+    """Fraction of the rows with a token in `mask` that have a flagged token (or flag ``[B]``)."""
+    rows = mask.bool().any(-1)  # [B]
+    per_row = (flags.bool() & mask.bool()).any(-1) if flags.dim() == 2 else flags.bool()  # [B]
+    return float((per_row & rows).sum() / rows.sum().clamp(min=1))
+
+
+def sequence_log_ratio(logprobs: torch.Tensor, old_logprobs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`log s_i = (1/|y_i|) sum_t (logprobs - old_logprobs)`, ``[B]``: the log of the geometric
+    mean of a sequence's token ratios (GSPO eq. 7); 0 for a row with no token in `mask`."""
+    is_real = mask.bool()
+    log_ratio = torch.where(is_real, logprobs - old_logprobs, torch.zeros_like(logprobs))  # [B, T]
+    return log_ratio.sum(-1) / is_real.sum(-1).clamp(min=1)  # [B]
+
+
+def sequence_advantage(advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The mean advantage over a sequence's tokens, ``[B]`` (its outcome advantage under GRPO)."""
+    is_real = mask.bool()
+    return torch.where(is_real, advantages, torch.zeros_like(advantages)).sum(-1) / is_real.sum(-1).clamp(min=1)
+
+
+def token_covariance(logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each token's term of the covariance of log-prob and advantage over the masked tokens,
+    ``(A_t - mean A)(logp_t - mean logp)``, ``[B, T]`` (no grad); -inf off the mask.
+
+    Cui et al. (2505.22617) show the entropy change of one update is minus this covariance:
+    tokens that are likely *and* advantaged drive entropy down, so these are the ones to act on.
+    """
+    with torch.no_grad():
+        is_real = mask.bool()
+        centred_adv = advantages - _masked_mean(advantages, is_real)
+        centred_logp = logprobs.detach() - _masked_mean(logprobs.detach(), is_real)
+        return torch.where(is_real, centred_adv * centred_logp, torch.full_like(logprobs, float("-inf")))
+
+
+def top_entropy_mask(entropy: torch.Tensor, mask: torch.Tensor, quantile: float) -> torch.Tensor:
+    """The tokens whose entropy is in the top `quantile` of the masked tokens, ``[B, T]`` bool.
+
+    Wang et al. 2025 ("Beyond the 80/20 Rule", arXiv 2506.01939): the few high-entropy
+    "forking" tokens carry the learning; training only on the top 20% matches or beats all
+    tokens. Threshold = the (1 - quantile) quantile of the masked entropies; a token at least
+    that high is kept (TRL `get_high_entropy_mask`, grpo_trainer.py). Taken over this
+    micro-batch on this process (TRL gathers it over processes).
+
+    Worked example, entropies [[0.1, 0.9, 0.5, 0.3]], all real, quantile 0.5: the 0.5 quantile
+    is 0.4, so [[False, True, True, False]].
+    """
+    is_real = mask.bool()
+    if quantile >= 1.0 or not is_real.any():
+        return is_real
+    threshold = torch.quantile(entropy.detach()[is_real].float(), 1.0 - quantile)
+    return (entropy.detach() >= threshold) & is_real
+
+
+class EntropyControl:
+    """The entropy coefficient, fixed or adapted toward a target entropy (Skywork-OR1).
+
+    Skywork-OR1 (arXiv 2505.22312, sec. 4): after each optimizer step, with e the mean token
+    entropy of its minibatch, ``c <- c + step`` if e < target else ``c - step`` (at least 0),
+    and the bonus applied is ``c`` only while e <= target, else 0: the bonus pushes entropy up
+    only once it has fallen to the target (TRL `use_adaptive_entropy`, `entropy_coef_delta`).
+    With `target=None` the coefficient is `coef`, always.
+    """
+
+    def __init__(self, coef: float, target: float | None = None, step: float = 0.005):
+        self.coef, self.target, self.step = coef, target, step
+        self.last_entropy: float | None = None
+        self._sum = self._count = 0.0
+
+    @property
+    def applied(self) -> float:
+        """The coefficient every micro-batch of the next minibatch uses."""
+        if self.target is None:
+            return self.coef
+        return self.coef if self.last_entropy is not None and self.last_entropy <= self.target else 0.0
+
+    def observe(self, entropy: torch.Tensor, mask: torch.Tensor) -> None:
+        """Add a micro-batch's masked token entropies to this minibatch's mean."""
+        if self.target is not None:
+            self._sum += float(torch.where(mask.bool(), entropy.detach(), torch.zeros_like(entropy)).sum())
+            self._count += float(mask.bool().sum())
+
+    def update(self, reduce_sum=None) -> None:
+        """After an optimizer step: move the coefficient toward the target (all ranks' tokens)."""
+        if self.target is None:
+            return
+        totals = torch.tensor([self._sum, self._count])
+        if reduce_sum is not None:
+            totals = reduce_sum(totals)
+        self.last_entropy = float(totals[0] / totals[1].clamp(min=1))
+        self.coef = self.coef + self.step if self.last_entropy < self.target else max(self.coef - self.step, 0.0)
+        self._sum = self._count = 0.0
+
+
+def policy_loss_options(config) -> dict:
+    """The keyword settings `policy_loss` takes from a `PPOConfig`."""
+    return dict(name=config.policy_loss, clip_low=config.cliprange, clip_high=config.cliprange_high,
+                dual_clip=config.dual_clip, cov_fraction=config.cov_fraction, clip_cov_low=config.clip_cov_low,
+                clip_cov_high=config.clip_cov_high, kl_cov_coef=config.kl_cov_coef)
+
+
+# ---------------------------------------------------------------------------------------------
+# The losses
+# ---------------------------------------------------------------------------------------------
+@register_policy_loss("vanilla")
+def vanilla(*, logprobs, old_logprobs, advantages, mask, clip_low, clip_high, dual_clip=None, **settings):
+    """PPO's clipped surrogate (Schulman et al. 2017, arXiv 1707.06347), per token ``[B, T]``.
+
+    With `ratio = exp(logprobs - old_logprobs)`::
+
+        loss_t = -min(ratio * A, clip(ratio, 1 - clip_low, 1 + clip_high) * A)
+
+    The min is pessimistic: once a token's probability has moved far enough in the
+    direction its advantage asks for (ratio > 1 + clip_high for A > 0, ratio < 1 - clip_low
+    for A < 0), the clipped branch is constant and its gradient is zero, so one rollout
+    batch cannot drag the policy far away. Moves in the wrong direction are never clipped.
+
+    - `clip_high > clip_low` is DAPO's clip-higher (arXiv 2503.14476): rare tokens with
+      positive advantage can grow their probability further before being clipped.
+    - `dual_clip=c` (c > 1; Ye et al. 2020, arXiv 1912.09729): for A < 0 the loss
+      `ratio * |A|` grows without bound as the ratio explodes; dual-clip caps it at `c * |A|`.
+      INTELLECT-2's two-sided clip (arXiv 2505.07291; TRL `delta`, grpo_trainer.py) caps the
+      unclipped ratio at `delta` before the min: for A < 0 that is `max(min(r, delta),
+      clip(r)) * |A| = min(max(r, clip(r)), delta) * |A|` once `delta >= 1 + clip_high`, and for
+      A > 0 it changes nothing. So `delta` is `dual_clip` under another name, value and
+      gradient (tests/test_policy_losses.py); this codebase keeps the one field.
+
+    With one gradient update per rollout batch the ratio is exactly 1 and clipping never
+    fires: fully online GRPO is plain policy gradient with group-normalised advantages.
+
+    Metrics: `clipfrac` (clipped branch chosen), `clipfrac_low` (ratio < 1 - clip_low,
+    A < 0), `clipfrac_high` (ratio > 1 + clip_high, A > 0), `dualclip_frac`, and
+    `clipfrac_seq` (sequences with a clipped token).
+
+    Worked example (clip 0.2): ratios [1.1, 1.5, 0.5] with A = +1 give losses
+    [-1.1, -1.2 (clipped), -0.5]; with A = -1 they give [1.1, 1.5, 0.8 (clipped)].
+    """
+    ratio = torch.exp(logprobs - old_logprobs)  # [B, T]
+    unclipped = -advantages * ratio  # [B, T]
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)  # [B, T]
+    per_token = torch.maximum(unclipped, clipped)  # [B, T]  (= -min of the objectives)
+
+    is_dual_clipped = torch.zeros_like(per_token, dtype=torch.bool)  # [B, T]
+    if dual_clip is not None:
+        cap = -dual_clip * advantages  # [B, T]  c*|A| where A < 0
+        is_dual_clipped = (advantages < 0) & (per_token > cap)
+        per_token = torch.where(is_dual_clipped, cap, per_token)
+
+    with torch.no_grad():
+        is_clipped = clipped > unclipped  # [B, T] the flat (zero-gradient) branch won
+        metrics = {
+            "clipfrac": _masked_mean(is_clipped.float(), mask).item(),
+            "clipfrac_low": _masked_mean(((ratio < 1.0 - clip_low) & (advantages < 0)).float(), mask).item(),
+            "clipfrac_high": _masked_mean(((ratio > 1.0 + clip_high) & (advantages > 0)).float(), mask).item(),
+            "dualclip_frac": _masked_mean(is_dual_clipped.float(), mask).item(),
+            "clipfrac_seq": _row_fraction(is_clipped, mask),
+        }
+    return per_token, metrics
+
+
+def _sequence_clip(seq_ratio, seq_advantage, clip_low, clip_high):
+    """`-min(s A, clip(s, 1 - low, 1 + high) A)` per sequence ``[B]``, and where it clipped."""
+    unclipped = -seq_advantage * seq_ratio
+    clipped = -seq_advantage * torch.clamp(seq_ratio, 1.0 - clip_low, 1.0 + clip_high)
+    return torch.maximum(unclipped, clipped), clipped > unclipped
+
+
+@register_policy_loss("gspo")
+def gspo(*, logprobs, old_logprobs, advantages, mask, clip_low, clip_high, **settings):
+    """GSPO (Zheng et al. 2025, "Group Sequence Policy Optimization", arXiv 2507.18071, eq. 5-7).
+
+    One importance ratio per sequence, the geometric mean of its token ratios, clipped per
+    sequence::
+
+        s_i    = exp((1/|y_i|) sum_t log(pi(y_it) / pi_old(y_it)))          [B]
+        loss_i = -min(s_i A_i, clip(s_i, 1 - clip_low, 1 + clip_high) A_i)  [B]
+
+    `A_i` is the sequence's mean token advantage (its outcome advantage under GRPO). The
+    loss of sequence i is placed on each of its tokens ``[B, T]``; `seq_mean_token_mean`
+    gives the paper's mean over sequences. A clipped sequence gives no gradient at all. The
+    paper's ranges are far smaller than PPO's: 3e-4 and 4e-4 (verl `compute_policy_loss_gspo`
+    reads the same `clip_ratio_low/high`).
+
+    Worked example, one sequence of two tokens with log-ratios [0.2, 0.0] and A = +1,
+    clip 0.05: s = exp(0.1) = 1.105 > 1.05, so loss = -1.05 on both tokens, zero gradient.
+    """
+    seq_ratio = torch.exp(sequence_log_ratio(logprobs, old_logprobs, mask))  # [B]
+    seq_advantage = sequence_advantage(advantages, mask)  # [B]
+    seq_loss, is_clipped = _sequence_clip(seq_ratio, seq_advantage, clip_low, clip_high)  # [B] each
+    per_token = seq_loss[:, None].expand_as(logprobs)  # [B, T]
+    with torch.no_grad():
+        metrics = {
+            "clipfrac": _masked_mean(is_clipped[:, None].expand_as(mask).float(), mask).item(),
+            "clipfrac_seq": _row_fraction(is_clipped, mask),
+            "clipfrac_low_seq": _row_fraction((seq_ratio < 1.0 - clip_low) & (seq_advantage < 0), mask),
+            "clipfrac_high_seq": _row_fraction((seq_ratio > 1.0 + clip_high) & (seq_advantage > 0), mask),
+            "seq_ratio_mean": float(seq_ratio[mask.bool().any(-1)].mean()) if mask.bool().any() else 1.0,
+        }
+    return per_token, metrics
+
+
+@register_policy_loss("gspo_token")
+def gspo_token(*, logprobs, old_logprobs, advantages, mask, clip_low, clip_high, **settings):
+    """GSPO-token (GSPO paper eq. 13-14; verl `compute_policy_loss_gspo`): the sequence ratio's
+    value with each token's own gradient, so token-level advantages can be used::
+
+        s_it    = sg[s_i] * pi(y_it) / sg[pi(y_it)]       (value s_i, gradient s_i * grad log pi)
+        loss_it = -min(s_it A_it, clip(s_it, 1 - clip_low, 1 + clip_high) A_it)   [B, T]
+
+    With one advantage per sequence and `seq_mean_token_mean` its value and gradient equal
+    `gspo`'s; it differs when advantages vary along a sequence (GAE). Clipping is decided per
+    sequence (`s_i`) but applied per token, and only tokens whose advantage asks for the
+    clipped direction lose their gradient.
+    """
+    seq_log_ratio = sequence_log_ratio(logprobs, old_logprobs, mask).detach()  # [B]
+    log_ratio = logprobs - logprobs.detach() + seq_log_ratio[:, None]  # [B, T], value log s_i
+    ratio = torch.exp(log_ratio)  # [B, T]
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    per_token = torch.maximum(unclipped, clipped)  # [B, T]
+    with torch.no_grad():
+        is_clipped = clipped > unclipped
+        metrics = {"clipfrac": _masked_mean(is_clipped.float(), mask).item(),
+                   "clipfrac_seq": _row_fraction(is_clipped, mask)}
+    return per_token, metrics
+
+
+@register_policy_loss("cispo")
+def cispo(*, logprobs, old_logprobs, advantages, mask, clip_low, clip_high, **settings):
+    """CISPO (MiniMax-M1, arXiv 2506.13585, eq. 4-5): clip the importance weight, not the update.
+
+    ::
+
+        r_t    = exp(logprobs - old_logprobs)
+        loss_t = -sg[clip(r_t, 1 - clip_low, 1 + clip_high)] * A_t * logprobs_t      [B, T]
+
+    PPO's clip zeroes the gradient of a clipped token, and the tokens it clips are often the
+    rare "fork" tokens of reflective reasoning; CISPO only bounds the weight, so every token
+    keeps a REINFORCE gradient `-w_t A_t grad log pi`. At ratio 1 the weight is 1 and the
+    gradient is REINFORCE's exactly. The loss's *value* is `-w A log pi`, not a surrogate, so
+    `pg_loss` is not comparable with the other losses'. MiniMax-M1 leaves the low side open
+    (a large `clip_low`) and tunes the high side; TRL bounds the weight at `epsilon_high`
+    (ScaleRL: 5), verl `compute_policy_loss_cispo` as here.
+
+    Metrics: `clipfrac` (tokens whose weight was clipped), `clipfrac_seq`.
+    """
+    ratio = torch.exp(logprobs - old_logprobs).detach()  # [B, T]
+    weight = torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)  # [B, T], no grad
+    per_token = -weight * advantages * logprobs  # [B, T]
+    with torch.no_grad():
+        is_clipped = weight != ratio
+        metrics = {"clipfrac": _masked_mean(is_clipped.float(), mask).item(),
+                   "clipfrac_seq": _row_fraction(is_clipped, mask)}
+    return per_token, metrics
+
+
+@register_policy_loss("geo_mean")
+def geo_mean(*, logprobs, old_logprobs, advantages, mask, clip_low, clip_high, **settings):
+    """GMPO (Zhao et al. 2025, "Geometric-Mean Policy Optimization", arXiv 2507.20673, eq. 4).
+
+    The geometric mean of the token ratios, each clipped in log space in the pessimistic
+    direction of the sequence's sign, times the sequence's advantage::
+
+        l_t    = sgn(A) * min(sgn(A) * log r_t, sgn(A) * clamp(log r_t, -clip_low, clip_high))
+        loss_i = -A_i * exp((1/|y_i|) sum_t l_t)                                   [B]
+
+    A geometric mean is less moved by one outlier token than GRPO's arithmetic mean, so the
+    paper can afford a wider clip: (e^-0.4, e^0.4), i.e. `cliprange=0.4` here, in log units.
+    The loss is placed on each of the sequence's tokens like `gspo`'s (verl `geo_mean` takes
+    a plain mean over sequences: `seq_mean_token_mean`).
+
+    Metrics: `clipfrac` (tokens whose clamped log-ratio was the pessimistic one), `clipfrac_seq`.
+    """
+    log_ratio = logprobs - old_logprobs  # [B, T]
+    sign = torch.sign(advantages)  # [B, T]
+    clamped = torch.clamp(log_ratio, -clip_low, clip_high)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)  # [B, T]
+    seq_ratio = torch.exp(sequence_log_ratio(pessimistic, torch.zeros_like(pessimistic), mask))  # [B]
+    seq_loss = -sequence_advantage(advantages, mask) * seq_ratio  # [B]
+    per_token = seq_loss[:, None].expand_as(logprobs)  # [B, T]
+    with torch.no_grad():
+        is_clipped = pessimistic != log_ratio  # the clamped value won: no gradient (verl counts any clamp)
+        metrics = {"clipfrac": _masked_mean(is_clipped.float(), mask).item(),
+                   "clipfrac_seq": _row_fraction(is_clipped, mask)}
+    return per_token, metrics
+
+
+def _how_many(fraction: float, mask: torch.Tensor) -> int:
+    """`max(1, int(fraction * tokens))`: at least one token, as verl and the paper's code take."""
+    return max(int(fraction * float(mask.bool().sum())), 1)
+
+
+@register_policy_loss("clip_cov")
+def clip_cov(*, logprobs, old_logprobs, advantages, mask, clip_low, clip_high, cov_fraction, clip_cov_low,
+             clip_cov_high, generator=None, **settings):
+    """Clip-Cov (Cui et al. 2025, arXiv 2505.22617, sec. 5; verl `compute_policy_loss_clip_cov`).
+
+    PPO's clipped loss, plus: among the tokens the clip left alone whose covariance term
+    (`token_covariance`) lies in ``(clip_cov_low, clip_cov_high)``, draw
+    `max(1, int(cov_fraction * N))` at random and detach them (loss and gradient 0). Those
+    tokens are the likely-and-advantaged ones whose update would lower entropy the most.
+    Paper and verl: fraction 2e-4, bounds (1, 5). The draw uses `generator`.
+
+    Metrics: PPO's clip fractions, and `cov_frac` (tokens detached).
+    """
+    per_token, metrics = vanilla(logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=mask,
+                                 clip_low=clip_low, clip_high=clip_high)
+    with torch.no_grad():
+        ratio = torch.exp(logprobs - old_logprobs)
+        clipped_by_ppo = (-advantages * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)) > (-advantages * ratio)
+        cov = token_covariance(logprobs, advantages, mask)  # [B, T]
+        candidates = torch.nonzero((cov > clip_cov_low) & (cov < clip_cov_high) & mask.bool() & ~clipped_by_ppo)
+        order = torch.randperm(len(candidates), generator=generator)[:_how_many(cov_fraction, mask)]
+        chosen = candidates[order.to(candidates.device)]  # [k, 2] (row, column)
+        detached = torch.zeros_like(mask, dtype=torch.bool)
+        detached[chosen[:, 0], chosen[:, 1]] = True
+    per_token = torch.where(detached, torch.zeros_like(per_token), per_token)  # [B, T]
+    metrics["cov_frac"] = _masked_mean(detached.float(), mask).item()
+    return per_token, metrics
+
+
+@register_policy_loss("kl_cov")
+def kl_cov(*, logprobs, old_logprobs, advantages, mask, cov_fraction, kl_cov_coef, **settings):
+    """KL-Cov (Cui et al. 2025, arXiv 2505.22617, sec. 5; verl `compute_policy_loss_kl_cov`).
+
+    No ratio clipping at all: the unclipped surrogate on every token, plus a KL penalty
+    ``kl_cov_coef * |logprobs - old_logprobs|`` on the `max(1, int(cov_fraction * N))`
+    tokens with the largest covariance term (`token_covariance`)::
+
+        loss_t = -r_t A_t + [t in top-k by cov] * kl_cov_coef * |log r_t|          [B, T]
+
+    Paper: k = 2e-3 (7B) or 2e-4 (32B) of the tokens, coefficient 1; verl defaults 2e-4.
+    At ratio 1 the penalty and its gradient are 0 and the loss is REINFORCE's.
+
+    Metrics: `cov_frac` (tokens penalised).
+    """
+    log_ratio = logprobs - old_logprobs  # [B, T]
+    per_token = -advantages * torch.exp(log_ratio)  # [B, T]
+    with torch.no_grad():
+        cov = token_covariance(logprobs, advantages, mask).flatten()  # [B*T], -inf off the mask
+        top = torch.topk(cov, min(_how_many(cov_fraction, mask), int(mask.bool().sum()))).indices
+        penalised = torch.zeros_like(cov, dtype=torch.bool)
+        penalised[top] = True
+        penalised = penalised.view_as(mask) & mask.bool()  # [B, T]
+    per_token = torch.where(penalised, per_token + kl_cov_coef * log_ratio.abs(), per_token)
+    return per_token, {"cov_frac": _masked_mean(penalised.float(), mask).item()}

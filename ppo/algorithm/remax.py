@@ -1,0 +1,40 @@
+"""ReMax's baseline: the score of the policy's greedy response to each prompt.
+
+ReMax (Li et al. 2023, "ReMax: A Simple, Effective, and Efficient Reinforcement Learning
+Method for Aligning Large Language Models", arXiv 2310.10505) replaces PPO's critic by one
+extra decode per prompt: the greedy response is scored like a sampled one and its score is
+subtracted from the return of every sample of that prompt (`gae.registry` ``"remax"``).
+verl does the same (``ray_trainer.py``, ``gen_baseline_batch.meta_info["do_sample"] = False``).
+
+The greedy response is scored through the same steps as the samples it is a baseline for
+(task or reward model, missing-EOS rule, format reward, clipping), so a sample equal to the
+greedy response gets advantage 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ppo.run.evaluation import score_batch
+from ppo.algorithm.rewards import apply_missing_eos, clip_scores, format_reward
+from ppo.models.rollout import decode_responses, generate
+
+
+@torch.no_grad()
+def greedy_baselines(trainer, batch) -> torch.Tensor:
+    """``[B]``: for each sample of `batch`, the score of the greedy response to its prompt
+    (decoded once per group of G samples, then repeated over the group)."""
+    cfg, group_size = trainer.config, trainer.config.group_size
+    problems = batch.problems[::group_size]  # [prompts]: the G samples of a prompt are contiguous
+    rollout = trainer._to_device(generate(
+        trainer.policy_module, trainer.tokenizer, [p.prompt for p in problems], cfg.response_length, greedy=True,
+        stop_token_ids=trainer.stop_token_ids, max_prompt_length=trainer.max_prompt_length,
+        prompt_truncation=cfg.prompt_truncation))
+    texts = decode_responses(trainer.tokenizer, rollout)
+    scored = score_batch(trainer.task, problems, texts, rollout.has_eos.tolist())
+    scores = (trainer._reward_model_scores(rollout) if trainer.reward_model is not None
+              else torch.tensor([s.reward for s in scored], device=trainer.device))  # [prompts]
+    scores = apply_missing_eos(scores, rollout.has_eos, cfg.missing_eos, cfg.missing_eos_penalty, cfg.missing_eos_value)
+    well_formed = torch.tensor([s.well_formed for s in scored], device=trainer.device)
+    scores = clip_scores(scores + format_reward(well_formed, cfg.format_reward_coef), cfg.reward_clip)
+    return scores.repeat_interleave(group_size)  # [B]

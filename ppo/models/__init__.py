@@ -1,0 +1,1 @@
+"""Models and what runs them: loading and building the policy, critic, reference and reward model, their optimizers, precision and LoRA; the forward passes and the sampler the trainer calls; the testbed's tiny model, its SFT warm start and critic pre-training."""

@@ -1,0 +1,211 @@
+"""Building a run's models and optimizers: the policy, its frozen reference, the critic, the
+reward model, AdamW and the learning-rate schedules, placed by accelerate.
+
+Implementation details that live here:
+
+- **The warm start** (`PPOConfig.model_path`, `warm_start_steps`): a local HF checkpoint,
+  or the testbed's cached SFT model (`ppo.models.sft.warm_start`), found before seeds are set.
+- **The reference is the initial policy** (`uses_reference_model`): a frozen deep copy; with
+  LoRA the policy's own base model with the adapter disabled (`ppo.models.lora`); none at beta = 0.
+- **The critic's initialisation** (`PPOConfig.value_init`): from the reward model with a
+  zeroed head (AlpacaFarm), from the policy with a zeroed head, or random (`value_model/`).
+- **Dropout off** (`disable_dropout`), gradient checkpointing and LoRA (memory toggles).
+- **Frozen models under the policy's autocast** (`ppo.models.precision.prepare_frozen`): otherwise
+  bf16 fakes a KL at step 1.
+- **The lean forward** (`lean_forward`, `paired_critic_pass`, ...): switched on here for the
+  models it supports; `ppo.models.forward_passes` is where a step meets it. The reference takes the
+  path the policy's passes take: when those run through the HF forward (gradient
+  checkpointing, a DDP wrapper) so does the reference, or float rounding fakes a step-1 KL.
+- **Token ids fit the embedding** (`check_token_ids`): a tokenizer's pad id past the
+  embedding matrix grows a loaded policy's matrix, or is refused with what to do.
+- **Sharded models** (`PPOConfig.sharding`): with "fsdp" the four models are sharded across
+  the processes (`setup_sharded`, ppo/parallel/sharding.py) instead of being wrapped by accelerate.
+- **Special tokens spelled in prompt text** (`PPOConfig.split_special_tokens`): by default
+  ``'hello<eos>world'`` is encoded with the EOS token inside the prompt (the tokenizer's
+  usual rule); True encodes such text as the characters it is made of.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from value_model import ScalarHeadModel
+
+from ppo.parallel import distributed, sharding
+from ppo.speed import lean_forward
+from ppo.models.lora import AdapterDisabledReference, apply_lora
+from ppo.models.optimization import build_lr_scheduler, build_optimizers
+from ppo.models.policy import (declared_stop_token_ids, disable_dropout, enable_gradient_checkpointing, load_policy,
+                     resolve_max_prompt_length)
+from ppo.models.precision import cast_master_weights, master_dtype, prepare_frozen
+
+
+def warm_start_path(config) -> str:
+    """`config.model_path`, or the testbed's cached SFT warm start (built if missing: the
+    main process builds or finds it, the others wait for it)."""
+    if config.model_path is not None:
+        return config.model_path
+    from ppo.models.sft import warm_start
+
+    model_path = None
+    if distributed.is_main_process():
+        model_path = str(warm_start(progress=config.progress, stop_after=config.warm_start_steps))
+    return distributed.broadcast_object(model_path)
+
+
+def check_stop_token_ids(stop_token_ids: list[int] | None, policy, tokenizer) -> None:
+    """Refuse stop ids the model can never sample (beyond its vocabulary): such a stop token
+    would never end a response, so every one would run to response_length."""
+    vocab = max(len(tokenizer), getattr(getattr(policy, "config", None), "vocab_size", 0) or 0)
+    outside = [i for i in stop_token_ids or [] if i >= vocab]
+    if outside:
+        raise ValueError(f"PPOConfig.stop_token_ids: {outside} lie outside the model's vocabulary of {vocab} ids, so "
+                         f"they can never be sampled and would end no response; use ids below {vocab}, None for the "
+                         "checkpoint's EOS ids, or [] for no stop token")
+
+
+def setup_models(trainer, model_path: str | None, policy=None, tokenizer=None) -> None:
+    """Load or take the policy and build everything around it, set on `trainer`:
+
+    ``model_path, tokenizer, stop_token_ids, max_prompt_length`` (settled and checked against
+    the context up front), ``policy`` / ``value_model`` (as accelerate prepared them: the
+    update's backward runs through them), ``policy_module`` (the unwrapped policy: sampling,
+    evaluation), ``ref_policy``, ``reward_model``, ``policy_optimizer``, ``value_optimizer``,
+    ``schedulers`` and ``model_parameters`` (each trained model's parameters, for clipping
+    and the finiteness guard; looked up once, as checkpoints load into them).
+    """
+    config, accelerator = trainer.config, trainer.accelerator
+    if policy is None:
+        trainer.model_path = model_path
+        policy, tokenizer = load_policy(model_path, dropout=not config.disable_dropout,
+                                        dtype=master_dtype(config.model_dtype),
+                                        attn_implementation=config.attn_implementation)
+    elif tokenizer is None:
+        raise ValueError("pass the tokenizer together with the policy")
+    else:
+        trainer.model_path = None
+        cast_master_weights(policy, config.model_dtype)
+        if config.disable_dropout:
+            disable_dropout(policy)
+    check_token_ids(policy, tokenizer, resize=trainer.model_path is not None)
+    # Prompt text such as '<eos>' is the special token by default, its characters with True.
+    tokenizer.split_special_tokens = config.split_special_tokens
+    trainer.tokenizer = tokenizer
+    trainer.stop_token_ids = (declared_stop_token_ids(policy, tokenizer) if config.stop_token_ids is None
+                              else config.stop_token_ids)  # [] = no stop token
+    check_stop_token_ids(config.stop_token_ids, policy, tokenizer)
+    trainer.max_prompt_length = resolve_max_prompt_length(policy, config.max_prompt_length, config.response_length)
+    ref_policy = None
+    if config.uses_reference_model and not config.lora_r:
+        ref_policy = copy.deepcopy(policy).eval().requires_grad_(False)
+    value_model = build_value_model(config, policy, trainer.device) if config.uses_value_model else None
+    policy = apply_memory_toggles(config, policy, value_model)
+    reward_model = None
+    if config.reward_model_path:
+        reward_model = ScalarHeadModel.from_pretrained(
+            config.reward_model_path, dtype=master_dtype(config.model_dtype),
+            attn_implementation=config.attn_implementation).eval().requires_grad_(False)
+
+    if sharding.sharded(config):  # FSDP2: each process keeps 1/N of every model (ppo/parallel/sharding.py)
+        setup_sharded(trainer, policy, value_model, ref_policy, reward_model)
+        return
+    # The critic gets its own AdamW by default (separate_value_optimizer).
+    policy_optimizer, value_optimizer = build_optimizers(config, policy, value_model)
+    trainer.schedulers = [build_lr_scheduler(opt, config.lr_schedule, config.warmup_steps, config.total_steps)
+                          for opt in (policy_optimizer, value_optimizer) if opt is not None]
+    trained = [m for m in (policy, value_model, policy_optimizer, value_optimizer) if m is not None]
+    prepared = iter(accelerator.prepare(*trained))
+    trainer.policy = next(prepared)
+    trainer.value_model = next(prepared) if value_model is not None else None
+    trainer.policy_optimizer = next(prepared)
+    trainer.value_optimizer = next(prepared) if value_optimizer is not None else None
+    trainer.policy_module = accelerator.unwrap_model(trainer.policy)
+    value_module = accelerator.unwrap_model(trainer.value_model) if value_model is not None else None
+    trainer.model_parameters = [list(model.parameters()) if model is not None else []
+                                for model in (trainer.policy, trainer.value_model)]
+    if ref_policy is not None:
+        ref_policy = prepare_frozen(accelerator, ref_policy)
+    elif config.uses_reference_model:
+        ref_policy = AdapterDisabledReference(trainer.policy, trainer.policy_module)
+    trainer.ref_policy = ref_policy
+    trainer.reward_model = prepare_frozen(accelerator, reward_model) if reward_model is not None else None
+    if config.lean_forward and config.mixed_precision == "no":  # autocast lives in the module call
+        # The reference goes where the policy's own passes go (they run through
+        # `trainer.policy`: a DDP wrapper, or an HF forward under gradient checkpointing):
+        # the same weights through two code paths differ in rounding, a fake step-1 KL.
+        policy_lean = not lean_forward.enable(trainer.policy_module, compile=config.compile_forward,
+                                              share_prompts=config.share_prompt_prefix,
+                                              padding_free=config.padding_free)
+        policy_lean = policy_lean and lean_forward.lean_backbone(trainer.policy) is not None
+        lean_forward.enable(trainer.ref_policy if policy_lean else None, value_module,
+                            compile=config.compile_forward, share_prompts=config.share_prompt_prefix,
+                            padding_free=config.padding_free)
+        if config.paired_critic_pass:  # one stacked update pass of policy and critic when shapes match
+            lean_forward.pair(trainer.policy_module, value_module)
+
+
+def setup_sharded(trainer, policy, value_model, ref_policy, reward_model) -> None:
+    """`setup_models` under `PPOConfig.sharding` "fsdp": the four models sharded in place, the
+    optimizers built on the shards; no accelerate wrapper (FSDP does the gradient reduction
+    DDP would), and the plain Hugging Face forward and generate (the lean paths decline)."""
+    config = trainer.config
+    sharding.shard_models(config, trainer.device, policy, value_model, ref_policy, reward_model)
+    trainer.policy = trainer.policy_module = policy
+    trainer.value_model = value_model
+    trainer.policy_optimizer, trainer.value_optimizer = build_optimizers(config, policy, value_model)
+    trainer.schedulers = [build_lr_scheduler(opt, config.lr_schedule, config.warmup_steps, config.total_steps)
+                          for opt in (trainer.policy_optimizer, trainer.value_optimizer) if opt is not None]
+    trainer.model_parameters = [list(model.parameters()) if model is not None else []
+                                for model in (policy, value_model)]
+    if ref_policy is None and config.uses_reference_model:
+        ref_policy = AdapterDisabledReference(policy, policy)
+    trainer.ref_policy = ref_policy
+    trainer.reward_model = reward_model
+
+
+def check_token_ids(policy, tokenizer, resize: bool) -> None:
+    """The pad, EOS and BOS ids must index the policy's embedding matrix (else the first
+    padded batch fails inside the embedding with an IndexError). A policy loaded here grows
+    its matrix to the tokenizer (`resize`); a policy passed in is refused with what to do."""
+    rows = policy.get_input_embeddings().weight.shape[0]
+    named = {"pad": tokenizer.pad_token_id, "eos": tokenizer.eos_token_id, "bos": tokenizer.bos_token_id}
+    outside = {name: token for name, token in named.items() if token is not None and token >= rows}
+    if outside and resize and max(outside.values()) < len(tokenizer):
+        policy.resize_token_embeddings(len(tokenizer))
+        return
+    if outside:
+        listed = ", ".join(f"{name} id {token}" for name, token in outside.items())
+        raise ValueError(f"the tokenizer's {listed} lies past the policy's embedding matrix ({rows} rows); "
+                         "call policy.resize_token_embeddings(len(tokenizer)) before passing it in, or give the "
+                         "tokenizer a pad token the model has an embedding for")
+
+
+def build_value_model(config, policy, device) -> ScalarHeadModel:
+    """The critic, initialised as `config.value_init` says."""
+    if config.value_init in ("reward_model", "reward_model_head"):  # TRL keeps the trained head
+        model = ScalarHeadModel.from_pretrained(config.reward_model_path, zero_head=config.value_init == "reward_model")
+    elif config.value_init == "pretrained":  # VC-PPO value pretraining (python -m ppo.models.value_pretrain)
+        model = ScalarHeadModel.from_pretrained(config.value_init_path)
+    elif config.value_init == "policy":
+        model = ScalarHeadModel.from_policy(policy, head_init="zero")
+    else:
+        model = ScalarHeadModel.random_like(policy)
+    if config.disable_dropout:
+        disable_dropout(model)
+    return cast_master_weights(model, config.model_dtype).to(device)
+
+
+def apply_memory_toggles(config, policy, value_model):
+    """LoRA adapters (ppo/models/lora.py) and gradient checkpointing, on the policy and critic."""
+    if config.gradient_checkpointing:
+        enable_gradient_checkpointing(policy)
+        if value_model is not None:
+            enable_gradient_checkpointing(value_model)
+    if config.lora_r:
+        policy = apply_lora(policy, config.lora_r, config.lora_alpha, config.lora_target_modules)
+        if value_model is not None and config.lora_critic:
+            value_model.backbone = apply_lora(value_model.backbone, config.lora_r, config.lora_alpha,
+                                              config.lora_target_modules, task_type=None)
+        if config.disable_dropout:
+            disable_dropout(policy)
+    return policy

@@ -15,124 +15,13 @@ The first variant is the base: the report pairs every other variant with it, see
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
-
-from ppo.config import PPOConfig, preset
 from ppo.presets import PRESETS
 
-
-# The report's own folder in a sweep directory: no ablation may be called so.
-RESERVED_NAMES = ("plots",)
-
-
-def check_name(kind: str, name) -> str:
-    """`name` if it can be one folder of a sweep directory, else ValueError naming it.
-
-    Ablation and variant names become folders (``SWEEP/<ablation>/<variant>/seed<k>``), so a
-    separator, ``..``, an absolute name or a leading dot would put a run elsewhere (and its
-    preparation would clear whatever is there) or hide it.
-    """
-    if not isinstance(name, str) or not name.strip():
-        raise ValueError(f"{kind} name {name!r}: must be a non-empty string")
-    separators = [c for c in {"/", "\\", os.sep, "\0"} if c in name]
-    if separators:
-        why = f"contains {separators[0]!r}"
-    elif name.startswith("."):
-        why = "starts with '.'"
-    elif name != name.strip():
-        why = "has leading or trailing spaces"
-    elif len(name) > 200:
-        why = "is longer than 200 characters"
-    elif kind == "ablation" and name in RESERVED_NAMES:
-        why = "is the report's plots/ folder"
-    else:
-        return name
-    raise ValueError(f"{kind} name {name!r}: {why}; a name is one folder of the sweep directory, never a path "
-                     "(use letters, digits, '_' and '-')")
+# The types and the table live in ablations/definitions.py; re-exported here.
+from .definitions import (ABLATIONS, GRPO, PPO, RESERVED_NAMES, Ablation, Variant, check_name,  # noqa: F401
+                          get_ablation, register)
 
 
-@dataclass(frozen=True)
-class Variant:
-    """One arm of an ablation: a preset and the fields it changes.
-
-    `seed_offset` shifts the arm's training seed (seed k runs with seed k + offset) while the
-    sweep still pairs it with the other arms' seed k: two arms identical but for the offset
-    are an A/A pair, whose differences show the verdicts' false-positive rate (ablations/aa.py).
-    """
-
-    name: str
-    preset: str
-    overrides: dict = field(default_factory=dict, hash=False)
-    seed_offset: int = 0
-
-    def __post_init__(self):
-        check_name("variant", self.name)
-
-
-@dataclass(frozen=True)
-class Ablation:
-    name: str
-    question: str
-    variants: tuple[Variant, ...]
-    metric: str
-    extra_metrics: tuple[str, ...] = ()
-    steps: int | None = None  # None: the preset's (testbed) value
-    testbed: bool = True  # scale the presets for the CPU testbed (`ppo.presets.TESTBED_SCALE`)
-    seeds: int | None = None  # seeds a sweep runs when its command names none (None: the command's default)
-    claims: tuple = ()  # claims registered with the ablation (`ablations.claims.Claim`), e.g. from a file
-
-    @property
-    def base(self) -> Variant:
-        """The variant every other one is compared with: the first."""
-        return self.variants[0]
-
-    def __post_init__(self):
-        check_name("ablation", self.name)
-        for variant in self.variants:
-            check_name(f"ablation {self.name!r}: variant", getattr(variant, "name", variant))
-
-    def config(self, variant: Variant, seed: int, output_dir: str, steps: int | None = None) -> PPOConfig:
-        """The full config of one run of `variant`."""
-        overrides = dict(variant.overrides)
-        total_steps = steps or self.steps
-        if total_steps is not None:
-            overrides["total_steps"] = total_steps
-        return preset(variant.preset, testbed=self.testbed, seed=seed + variant.seed_offset, output_dir=output_dir,
-                      progress=False, **overrides)
-
-    def variant(self, name: str) -> Variant:
-        for variant in self.variants:
-            if variant.name == name:
-                return variant
-        raise ValueError(f"ablation {self.name!r} has no variant {name!r}; variants: {[v.name for v in self.variants]}")
-
-
-ABLATIONS: dict[str, Ablation] = {}
-
-
-def register(name: str, question: str, variants: list[Variant], metric: str,
-             extra_metrics: tuple[str, ...] = (), steps: int | None = None, testbed: bool = True,
-             seeds: int | None = None, claims: tuple = ()) -> Ablation:
-    check_name("ablation", name)
-    if name in ABLATIONS:
-        raise ValueError(f"ablation {name!r} is already registered")
-    names = [v.name for v in variants]
-    if len(set(names)) != len(names):
-        raise ValueError(f"ablation {name!r}: duplicate variant names {names}")
-    ablation = Ablation(name, question, tuple(variants), metric, tuple(extra_metrics), steps, testbed, seeds,
-                        tuple(claims))
-    ABLATIONS[name] = ablation
-    return ablation
-
-
-def get_ablation(name: str) -> Ablation:
-    if name not in ABLATIONS:
-        raise ValueError(f"unknown ablation {name!r}; known: {', '.join(sorted(ABLATIONS))}")
-    return ABLATIONS[name]
-
-
-PPO, GRPO = "alpacafarm", "grpo"
 LEVELS = tuple(range(4))
 
 # ---------------------------------------------------------------------- PPO vs the GRPO family

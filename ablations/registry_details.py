@@ -1,4 +1,4 @@
-"""Ablations of the 2025-26 implementation details, registered into `ablations.registry`.
+"""Ablations of the 2025-26 implementation details, registered into the table of `ablations.definitions` when `ablations.registry` loads.
 
 AlpacaFarm's fixed-width semantics, where the critic and the score sit, the policy-loss
 family (ppo/algorithm/policy_losses.py) and the loss reductions, the critic's details (warm-up, value pretraining, decoupled
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ppo.config import preset
 
-from .registry import GRPO, PPO, Variant, register
+from .definitions import GRPO, PPO, Variant, register
 
 # ---------------------------------------------------------------------- AlpacaFarm's fixed width
 register(

@@ -8,8 +8,8 @@ Dr. GRPO, DAPO, Kimi k1.5, ...); ``ppo-train --help`` prints them as a checklist
 story of each is its row in docs/implementation-details.md, and two runs are compared by
 diffing their ``config.yaml``.
 
-Presets (`PRESETS`, `preset`, `TESTBED_SCALE`, `TESTBED_ADJUSTMENTS`) live in
-``ppo/presets.py`` and are re-exported here.
+Presets: each one's settings (`PRESETS`, `TESTBED_SCALE`, `TESTBED_ADJUSTMENTS`) are plain
+data in ``ppo/presets.py``, re-exported here; `preset` (at the end of this file) builds one.
 
 Validation (`PPOConfig.validate`) runs on construction and names the bad field; one rule
 rejects NaN and infinity in every float field. `RESUMABLE_FIELDS` lists the fields a resumed
@@ -31,16 +31,13 @@ from typing import Any
 
 import yaml
 
+from ppo.presets import PRESETS, TESTBED_ADJUSTMENTS, TESTBED_SCALE  # re-exported: public API
 from ppo.settings import config_checks
-from ppo.presets import PRESETS, TESTBED_ADJUSTMENTS, TESTBED_SCALE, preset  # re-exported: public API
+from ppo.settings.choices import (ADVANTAGE_ESTIMATOR_NAMES, DIFFICULTY_FILTER_MODES, GSM8K_ANSWER_MODES,  # noqa: F401
+                                  KL_CONTROLLER_NAMES, KL_ESTIMATOR_NAMES, LOSS_AGG_NAMES, MAX_SEED,
+                                  REWARD_WHITENING_MODES, SCORE_POSITIONS)
 from ppo.settings.suggest import did_you_mean
 
-KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "abs", "k1+", "k3+", "full")  # ppo/algorithm/kl.py
-ADVANTAGE_ESTIMATOR_NAMES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce", "rft", "reinforce_plus_plus",
-                             "reinforce_plus_plus_baseline", "remax")
-GSM8K_ANSWER_MODES = ("strict", "flexible")  # implemented in ppo/tasks/gsm8k.py `extract_answer`
-# Seeds are 64-bit in torch; per-rank seeds are hashed into [0, 2**63) (ppo/parallel/distributed.py).
-MAX_SEED = 2**63 - 1
 # The fields a resumed run may change: they decide how long and how visibly the run goes
 # on, never what one step computes. Any other difference between a run's config.yaml and
 # the resuming config is refused unless explicitly allowed (`resume_conflicts`).
@@ -49,11 +46,6 @@ MAX_THREADS_PER_CPU = 8
 RESUMABLE_FIELDS = ("total_steps", "output_dir", "device", "threads", "progress", "eval_every", "save_every",
                     "keep_checkpoints", "log_samples", "retain_freed_memory", "offload_frozen_models", "report_to",
                     "tracker_project", "run_name", "run_group", "run_tags")
-LOSS_AGG_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "prompt_mean")
-REWARD_WHITENING_MODES = ("masked", "stats", "alpacafarm")  # ppo/algorithm/rewards.py whiten_rewards
-SCORE_POSITIONS = ("last_token", "after_last_token")  # ppo/algorithm/rewards.py shape_rewards
-KL_CONTROLLER_NAMES = ("ziegler", "alpacafarm")  # ppo/algorithm/kl.py make_kl_controller
-DIFFICULTY_FILTER_MODES = ("resample", "renormalize", "mask")  # ppo/algorithm/filtering.py
 # Old field name -> current name. A name is changed only where it misled: a boolean-sounding
 # name that takes strings. Old config.yaml files must still load and resume.
 RENAMED_FIELDS = {"whiten_rewards_over_padding": "reward_whitening_mode"}
@@ -436,3 +428,14 @@ def describe(config: PPOConfig) -> str:
     rows += [f"| {key} | {json.dumps(value)} |" for key, value in config.to_dict().items()]
     return "\n".join(rows)
 
+
+def preset(name: str, testbed: bool = False, **overrides) -> PPOConfig:
+    """The named preset as a `PPOConfig`, optionally scaled for the CPU testbed."""
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
+    values = dict(PRESETS[name])
+    if testbed:
+        values.update(TESTBED_SCALE)
+        values.update(TESTBED_ADJUSTMENTS.get(name, {}))
+    values.update(upgrade_field_names(overrides))
+    return PPOConfig.from_dict(values)

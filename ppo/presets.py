@@ -1,21 +1,19 @@
 """Named presets: each one a plain dictionary of the `PPOConfig` fields it changes.
 
 ``python -c "from ppo.presets import PRESETS; print(PRESETS['alpacafarm'])"`` shows exactly
-what a preset sets; `preset(name)` builds the config. docs/presets.md compares every field a
+what a preset sets; `ppo.config.preset(name)` builds the config from it. docs/presets.md compares every field a
 preset's source names with that source (file, line, commit), and tests/test_presets_sources.py
 checks the tables against `PRESETS`. `TESTBED_SCALE` shrinks batch sizes
 and step counts for the CPU testbed without touching algorithmic settings, and
 `TESTBED_ADJUSTMENTS` holds the few per-preset changes the testbed needs beyond scaling
 (`preset(name, testbed=True)`). docs/implementation-details.md ("Presets") describes each.
-``ppo.config`` re-exports all four names.
+This module is plain data and imports nothing from the project; ``ppo.config`` re-exports
+`PRESETS`, `TESTBED_SCALE` and `TESTBED_ADJUSTMENTS` beside `preset`.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from ppo.config import PPOConfig
+from typing import Any
 
 # Plain data: each preset lists only the fields it changes from the `PPOConfig` defaults.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -210,16 +208,3 @@ TESTBED_ADJUSTMENTS: dict[str, dict[str, Any]] = {
     "dr_grpo": dict(max_prompt_length=None, lr=TESTBED_SCALE["lr"] / 8),
 }
 
-
-def preset(name: str, testbed: bool = False, **overrides) -> "PPOConfig":
-    """The named preset as a `PPOConfig`, optionally scaled for the CPU testbed."""
-    from ppo.config import PPOConfig, upgrade_field_names  # ppo.config imports this module
-
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; known: {sorted(PRESETS)}")
-    values = dict(PRESETS[name])
-    if testbed:
-        values.update(TESTBED_SCALE)
-        values.update(TESTBED_ADJUSTMENTS.get(name, {}))
-    values.update(upgrade_field_names(overrides))
-    return PPOConfig.from_dict(values)

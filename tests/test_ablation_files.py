@@ -47,9 +47,12 @@ variants:
 
 
 @pytest.fixture(autouse=True)
-def fresh_registry(monkeypatch):
-    """Each test registers its files into a copy of the registry, never the shared one."""
-    monkeypatch.setattr(registry, "ABLATIONS", dict(registry.ABLATIONS))
+def fresh_registry():
+    """Whatever a test registers from its files is gone after it: the shared table is restored."""
+    before = dict(registry.ABLATIONS)
+    yield
+    registry.ABLATIONS.clear()
+    registry.ABLATIONS.update(before)
 
 
 def write(path: Path, text: str) -> Path:

@@ -36,9 +36,8 @@ import math
 import os
 from pathlib import Path
 
-# Tracker name -> (the module it imports, the extra that installs it).
-TRACKERS = {"tensorboard": ("tensorboard", None), "wandb": ("wandb", "wandb"), "mlflow": ("mlflow", "mlflow"),
-            "trackio": ("trackio", "trackio")}
+from ppo.settings.choices import TRACKERS  # tracker name -> (the module it imports, the extra that installs it)
+
 SAMPLE_COLUMNS = ("step", "rank", "prompt", "response", "score", "correct", "has_eos")
 WANDB_TAG_LENGTH = 64  # W&B refuses longer tags
 

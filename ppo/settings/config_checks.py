@@ -17,6 +17,10 @@ from __future__ import annotations
 import math
 from dataclasses import fields
 
+from ppo.settings.choices import (ADVANTAGE_ESTIMATOR_NAMES, DIFFICULTY_FILTER_MODES, GSM8K_ANSWER_MODES,
+                                  KL_CONTROLLER_NAMES, KL_ESTIMATOR_NAMES, LOSS_AGG_NAMES, MAX_SEED,
+                                  REWARD_WHITENING_MODES, SCORE_POSITIONS, TRACKERS)
+
 def coerce_types(config) -> None:
     """Accept numbers written as strings (YAML reads ``1e-5`` as a string) and ints for
     floats; anything else of the wrong type is an error naming the field."""
@@ -60,9 +64,6 @@ def coerce_types(config) -> None:
 
 def validate(config) -> None:
     """Raise ValueError naming the field for any inconsistent setting."""
-    from ppo.config import (ADVANTAGE_ESTIMATOR_NAMES, DIFFICULTY_FILTER_MODES, GSM8K_ANSWER_MODES, KL_CONTROLLER_NAMES,
-                         KL_ESTIMATOR_NAMES, LOSS_AGG_NAMES, MAX_SEED, REWARD_WHITENING_MODES, SCORE_POSITIONS)
-
     def bad(name: str, message: str):
         raise ValueError(f"PPOConfig.{name}: {message} (got {getattr(config, name)!r})")
 
@@ -260,7 +261,6 @@ def _validate_policy_loss(config, bad) -> None:
 
 def _validate_trackers(config, bad) -> None:
     """report_to names known trackers (ppo/run/trackers.py); the labels a tracker files the run under are text."""
-    from ppo.run.trackers import TRACKERS
 
     if not isinstance(config.report_to, list) or not all(isinstance(name, str) for name in config.report_to):
         bad("report_to", f"must be a list of tracker names from {list(TRACKERS)}")
@@ -300,9 +300,7 @@ def inert_settings(config) -> list[tuple[str, str]]:
     """``(field, message)`` for every field set away from its default where `config` never
     reads it; each message names the field, its value, the setting that makes it inert, and
     what to do. Pure: the same config always gives the same list, in field order."""
-    from ppo.config import PPOConfig
-
-    defaults = _defaults(PPOConfig)
+    defaults = _defaults(type(config))
     found: dict[str, str] = {}
 
     def inert(name: str, because: str, fix: str) -> None:

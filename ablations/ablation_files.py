@@ -307,8 +307,8 @@ def _claims(section: Any, ablation: dict, fail) -> tuple:
     """The file's claims as `ablations.claims.Claim` objects, each checked against the ablation."""
     if section is None:
         return ()
-    from .claims import Claim
-    from .run_results import RUN_COLUMNS, TEXT_COLUMNS, WHOLE_RUN_SUFFIX
+    from .columns import RUN_COLUMNS, TEXT_COLUMNS, WHOLE_RUN_SUFFIX
+    from .definitions import Claim
 
     if not isinstance(section, list):
         raise fail("claims: a list of claims (each with claim, first, quantity, direction)")

@@ -3,7 +3,7 @@
 The sweep runner (`ablations.runner.run_sweep`) keeps every guarantee of a sweep in the
 driver, the same for every backend: which runs are complete and skipped, which identical
 runs are copied instead of trained, which failed run is retried and when, the progress bar
-and the report. A backend only executes `ablations.runner.attempt_run` for one run at a time,
+and the report. A backend only executes `ablations.run_attempt.attempt_run` for one run at a time,
 somewhere, and hands back its `RunOutcome` through a `concurrent.futures.Future`:
 
 - `LocalBackend`: a thread per concurrent run on this machine, each starting one
@@ -41,7 +41,8 @@ from abc import ABC, abstractmethod
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from . import run_process, runner
+from . import run_process
+from .run_attempt import attempt_run
 from .sweep_plan import RunOutcome, RunSpec
 
 BACKENDS = ("local", "ray", "slurm")
@@ -114,7 +115,7 @@ def attempt_on_worker(spec: RunSpec, timeout: float | None, sweep_dir: str,
         check_sweep_dir_visible(sweep_dir, sweep_id)
     except SweepDirNotShared as error:
         return error
-    return runner.attempt_run(spec, timeout)
+    return attempt_run(spec, timeout)
 
 
 def _outcome_or_raise(value: "RunOutcome | SweepDirNotShared") -> RunOutcome:
@@ -220,7 +221,7 @@ class LocalBackend(Backend):
         return self.workers
 
     def submit(self, spec: RunSpec, timeout: float | None) -> Future:
-        return self._executor.submit(runner.attempt_run, spec, timeout)
+        return self._executor.submit(attempt_run, spec, timeout)
 
     def close(self, abort: bool = False) -> None:
         if self._executor is None:

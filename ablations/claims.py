@@ -47,72 +47,16 @@ import argparse
 import csv
 import math
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from .definitions import Amendment, Claim  # noqa: F401  (the types live with the ablation's)
 from .doc_blocks import block_names, generated_block, instrument_table, replace_block  # noqa: F401  (used by tests and callers)
 from .report_tables import _ablation_table, _fmt, _paired_table, verdict
 from .run_results import TEXT_COLUMNS, AblationSpec, collect_runs, spec_for, sweep_specs
 from .stats import as_float as _as_float
 from .stats import MIN_PAIRS, paired_difference, t_two_sided_p
 from .variant_comparison import paired_differences, summarise
-
-
-@dataclass(frozen=True)
-class Amendment:
-    """A change made to a registered claim after its registration: the new quantity and/or
-    seeds, and why. The verdict stays the registered test's; the amended test is shown
-    beside it as post hoc."""
-
-    first: tuple[str, str]
-    second: tuple[str, str]
-    seeds: tuple[int, ...]
-    why: str
-
-
-@dataclass(frozen=True)
-class Claim:
-    """One claim: ``first - second`` (paired by seed) should have the sign of `direction`.
-
-    `first` and `second` are ``(variant, column)`` pairs of one ablation's ``results.csv``
-    rows; they may be the same variant (e.g. the logged KL minus the true KL of one run).
-    `seeds` are the seeds registered for the test. `family` groups the parts of one
-    several-part claim (Holm's correction over them); `margin` is the equivalence margin of a
-    claim of no difference, stated before its runs, in the column's units.
-    """
-
-    claim: str  # what the course says, in one sentence
-    source: str  # where the claim comes from
-    ablation: str
-    first: tuple[str, str]
-    second: tuple[str, str]
-    direction: int  # +1, -1, or 0 for "no difference"
-    quantity: str  # what is compared, in words
-    seeds: tuple[int, ...] = ()
-    family: str = ""
-    margin: float | None = None
-    amendments: tuple[Amendment, ...] = ()
-
-    def __post_init__(self):
-        if self.direction not in (-1, 0, 1):
-            raise ValueError(f"claim {self.claim!r}: direction must be -1, 0 or +1, got {self.direction}")
-        if not self.seeds:
-            raise ValueError(f"claim {self.claim!r}: no registered seeds")
-        if self.margin is not None and (self.direction != 0 or not self.margin > 0):
-            raise ValueError(f"claim {self.claim!r}: margin is for claims of no difference and must be > 0")
-
-    def comparison(self, first: tuple[str, str] | None = None, second: tuple[str, str] | None = None) -> str:
-        """The comparison with its columns, e.g. ```std` - `no_std` in `adv_share_level0```."""
-        (v1, c1), (v2, c2) = first or self.first, second or self.second
-        if v1 == v2:
-            return f"`{v1}`: `{c1}` - `{c2}`"
-        if c1 == c2:
-            return f"`{v1}` - `{v2}` in `{c1}`"
-        return f"`{v1}`.`{c1}` - `{v2}`.`{c2}`"
-
-    def family_key(self) -> str:
-        return self.family or self.claim
 
 
 ACC = "final_sampled_accuracy"

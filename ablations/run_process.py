@@ -1,7 +1,7 @@
 """A run's process from outside: the code it imports, dying with its parent, being stopped.
 
 Each run is its own ``python -m ppo.cli`` process in its own process group (started by
-`ablations.runner.launch_run`). What lives here keeps such a process from outliving the
+`ablations.run_attempt.launch_run`). What lives here keeps such a process from outliving the
 sweep: Linux's ``PR_SET_PDEATHSIG`` for a driver killed with SIGKILL, the set of live
 processes and `_stop_process_group` for an interrupted sweep (Ctrl-C, or SIGTERM raised as
 `SweepInterrupted`).

@@ -63,27 +63,12 @@ import numpy as np
 
 from ppo.run.provenance import FIELDS as PROVENANCE_FIELDS
 
+from .columns import RUN_COLUMNS, TAIL_COLUMNS, TEXT_COLUMNS, WHOLE_RUN_SUFFIX  # noqa: F401  (imported from here too)
 from .stats import as_float as _as_float
 
 DEFAULT_METRIC = "eval_sampled_accuracy"
 TAIL_FRACTION_DENOMINATOR = 10  # "last 10% of steps"
 SEED_DIR = re.compile(r"^seed(\d+)$")
-WHOLE_RUN_SUFFIX = ":all"  # results.csv column "<extra metric>:all": its mean over every step
-
-# Fixed per-run columns, in CSV order; extra-metric columns follow.
-RUN_COLUMNS = (
-    "ablation", "variant", "seed", "status", "error", "path", "steps", "total_steps",
-    "initial_sampled_accuracy", "final_sampled_accuracy", "final_greedy_accuracy", "accuracy_gain",
-    "late_sampled_accuracy", "late_accuracy_gain", "reward", "kl", "kl_k1", "entropy", "response_length_correct", "response_length_incorrect",
-    "wall_seconds", "samples", "metric", "metric_value", "reused_from",
-) + tuple(f"prov_{name}" for name in PROVENANCE_FIELDS)
-# Training-metric columns that are last-10% means of the metrics.jsonl key of the same name.
-TAIL_COLUMNS = ("reward", "kl", "kl_k1", "entropy", "response_length_correct", "response_length_incorrect")
-# Non-numeric per-run columns: never averaged over seeds.
-TEXT_COLUMNS = ("ablation", "variant", "seed", "status", "error", "path", "metric", "reused_from") + tuple(
-    f"prov_{name}" for name in PROVENANCE_FIELDS)
-
-
 # ==========================================================================================
 # The ablation's description (stored with the sweep, the registry's, or a named fallback)
 # ==========================================================================================

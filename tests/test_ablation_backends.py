@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 import ablations.backends as backends
+import ablations.run_attempt as run_attempt
 import ablations.runner as runner
 from ablations.backends import (LocalBackend, RayBackend, SweepDirNotShared, check_sweep_dir_visible, make_backend,
                                 mark_sweep_dir)
@@ -87,7 +88,7 @@ def fake_launch(monkeypatch):
         finish(spec)  # what a finished run writes: a complete sweep run
         return RunOutcome(spec, "ok", 0)
 
-    monkeypatch.setattr(runner, "launch_run", launch)
+    monkeypatch.setattr(run_attempt, "launch_run", launch)
     return launched
 
 

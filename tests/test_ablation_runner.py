@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+import ablations.run_attempt as run_attempt
 import ablations.runner as runner
 from ablations.__main__ import main
 from ablations.registry import ABLATIONS, Ablation, Variant
@@ -50,7 +51,7 @@ def fake_launch(monkeypatch):
         finish(spec)
         return RunOutcome(spec, "ok", 0, resumed=resume)
 
-    monkeypatch.setattr(runner, "launch_run", launch)
+    monkeypatch.setattr(run_attempt, "launch_run", launch)
     return launches
 
 
@@ -219,7 +220,7 @@ def test_failed_run_is_recorded_and_the_rest_complete(tmp_path, tiny_model_dir, 
         relaunched.append((spec.label, (spec.run_dir / "error.txt").exists()))
         return RunOutcome(spec, "failed", 1, error="still broken")
 
-    monkeypatch.setattr(runner, "launch_run", launch)
+    monkeypatch.setattr(run_attempt, "launch_run", launch)
     again = run_sweep([tiny_ablation(tiny_model_dir, broken=True)], sweep, seeds=1, workers=2, progress=False)
     assert relaunched == [("toy/broken/seed1", False)]
     assert [o.spec.label for o in again.skipped] == ["toy/b/seed1"]
@@ -255,7 +256,7 @@ def test_identical_runs_train_once_and_are_copied(tmp_path, monkeypatch):
         finish(spec)
         return RunOutcome(spec, "ok", 0)
 
-    monkeypatch.setattr(runner, "launch_run", launch)
+    monkeypatch.setattr(run_attempt, "launch_run", launch)
     sweep = tmp_path / "sweep"
     result = run_sweep(_dup_ablation("toy", tmp_path), sweep, seeds=2, workers=2, progress=False)
     # a and a_copy are identical per seed: a trains, a_copy copies it; b trains.
@@ -307,7 +308,7 @@ def test_identical_run_trains_itself_when_its_leader_fails(tmp_path, monkeypatch
         finish(spec)
         return RunOutcome(spec, "ok", 0)
 
-    monkeypatch.setattr(runner, "launch_run", launch)
+    monkeypatch.setattr(run_attempt, "launch_run", launch)
     result = run_sweep(_dup_ablation("toy", tmp_path, variants=("a", "a_copy")), tmp_path / "sweep",
                        seeds=1, workers=1, progress=False)
     assert launches == ["toy/a/seed1", "toy2/a_copy/seed1"]

@@ -233,6 +233,7 @@ def test_check_parameters_reads_weights_stored_side_by_side_as_one_block(where):
 RUNNER_DRIVER = '''
 import sys
 from types import SimpleNamespace
+import ablations.run_attempt as run_attempt
 import ablations.runner as runner
 from ppo.config import PPOConfig
 
@@ -241,7 +242,7 @@ def sleeper(spec, resume=False):  # stands in for ppo.cli: records its pid, then
             % str(spec.run_dir / "child.pid"))
     return [sys.executable, "-c", code]
 
-runner.run_command = sleeper
+run_attempt.run_command = sleeper  # what launch_run starts
 # An ablation without the registry's imports (torch, transformers): the driver starts fast.
 ablation = SimpleNamespace(name="toy", variants=[SimpleNamespace(name="a")],
                            config=lambda variant, seed, output_dir, steps: PPOConfig(seed=seed, output_dir=output_dir))

@@ -211,7 +211,8 @@ class RLTrainer:
         # ---- 5-6. per-token rewards, then advantages and returns ------------------------
         kl_in_reward = cfg.kl_placement == "reward" and ref_logprobs is not None
         token_rewards, gae_mask, length_coef = self._token_rewards(batch, kl, response_mask, beta, kl_in_reward)
-        baselines = greedy_baselines(cfg, self.models, self.task, batch) if cfg.advantage_estimator == "remax" else None
+        remax = cfg.advantage_estimator == "remax"  # ReMax: the greedy response's score is the baseline
+        baselines = greedy_baselines(cfg, self.models, self.task, batch) if remax else None  # [B]
         advantages, returns, critic_stats = self._advantages(token_rewards, gae_mask, values, response_mask, baselines,
                                                              rollout.response_lengths)
         # Responses cut off at response_length can be left out of the loss (DAPO).

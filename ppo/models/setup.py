@@ -130,11 +130,11 @@ def build_models(config, accelerator, model_path: str | None, policy=None, token
     check_token_ids(policy, tokenizer, resize=model_path is not None)
     # Prompt text such as '<eos>' is the special token by default, its characters with True.
     tokenizer.split_special_tokens = config.split_special_tokens
-    text = dict(model_path=model_path, tokenizer=tokenizer, device=accelerator.device,
+    settled = dict(model_path=model_path, tokenizer=tokenizer, device=accelerator.device,
                 stop_token_ids=(declared_stop_token_ids(policy, tokenizer) if config.stop_token_ids is None
                                 else config.stop_token_ids))  # [] = no stop token
     check_stop_token_ids(config.stop_token_ids, policy, tokenizer)
-    text["max_prompt_length"] = resolve_max_prompt_length(policy, config.max_prompt_length, config.response_length)
+    settled["max_prompt_length"] = resolve_max_prompt_length(policy, config.max_prompt_length, config.response_length)
     ref_policy = None
     if config.uses_reference_model and not config.lora_r:
         ref_policy = copy.deepcopy(policy).eval().requires_grad_(False)
@@ -147,7 +147,7 @@ def build_models(config, accelerator, model_path: str | None, policy=None, token
             attn_implementation=config.attn_implementation).eval().requires_grad_(False)
 
     if sharding.sharded(config):  # FSDP2: each process keeps 1/N of every model (ppo/parallel/sharding.py)
-        return build_sharded(config, policy, value_model, ref_policy, reward_model, **text)
+        return build_sharded(config, policy, value_model, ref_policy, reward_model, **settled)
     # The critic gets its own AdamW by default (separate_value_optimizer).
     policy_optimizer, value_optimizer = build_optimizers(config, policy, value_model)
     schedulers = [build_lr_scheduler(opt, config.lr_schedule, config.warmup_steps, config.total_steps)
@@ -179,24 +179,24 @@ def build_models(config, accelerator, model_path: str | None, policy=None, token
                             padding_free=config.padding_free)
         if config.paired_critic_pass:  # one stacked update pass of policy and critic when shapes match
             lean_forward.pair(policy_module, value_module)
-    return Models(**text, policy=policy, policy_module=policy_module, value_model=value_model,
+    return Models(**settled, policy=policy, policy_module=policy_module, value_model=value_model,
                   value_module=value_module, ref_policy=ref_policy, reward_model=reward_model,
                   optimizers=Optimizers(policy_optimizer, value_optimizer, schedulers, parameters))
 
 
-def build_sharded(config, policy, value_model, ref_policy, reward_model, **text) -> Models:
+def build_sharded(config, policy, value_model, ref_policy, reward_model, **settled) -> Models:
     """`build_models` under `PPOConfig.sharding` "fsdp": the four models sharded in place, the
     optimizers built on the shards; no accelerate wrapper (FSDP does the gradient reduction
     DDP would), and the plain Hugging Face forward and generate (the lean paths decline).
-    `text` holds the `Models` fields settled before the models were built (tokenizer, ...)."""
-    sharding.shard_models(config, text["device"], policy, value_model, ref_policy, reward_model)
+    `settled` holds the `Models` fields settled before the models were built (tokenizer, ...)."""
+    sharding.shard_models(config, settled["device"], policy, value_model, ref_policy, reward_model)
     policy_optimizer, value_optimizer = build_optimizers(config, policy, value_model)
     schedulers = [build_lr_scheduler(opt, config.lr_schedule, config.warmup_steps, config.total_steps)
                   for opt in (policy_optimizer, value_optimizer) if opt is not None]
     parameters = [list(model.parameters()) if model is not None else [] for model in (policy, value_model)]
     if ref_policy is None and config.uses_reference_model:
         ref_policy = AdapterDisabledReference(policy, policy)
-    return Models(**text, policy=policy, policy_module=policy, value_model=value_model, value_module=value_model,
+    return Models(**settled, policy=policy, policy_module=policy, value_model=value_model, value_module=value_model,
                   ref_policy=ref_policy, reward_model=reward_model,
                   optimizers=Optimizers(policy_optimizer, value_optimizer, schedulers, parameters))
 

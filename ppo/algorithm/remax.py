@@ -13,15 +13,20 @@ greedy response gets advantage 0.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ppo.run.evaluation import score_batch
 from ppo.algorithm.rewards import apply_missing_eos, clip_scores, format_reward
 from ppo.models.rollout import decode_responses, generate
 
+if TYPE_CHECKING:
+    from ppo.models.setup import Models
+
 
 @torch.no_grad()
-def greedy_baselines(config, models, task, batch) -> torch.Tensor:
+def greedy_baselines(config, models: Models, task, batch) -> torch.Tensor:
     """``[B]``: for each sample of `batch`, the score of the greedy response to its prompt
     (decoded once per group of G samples, then repeated over the group). `models` is the
     run's `ppo.models.setup.Models` (the policy samples, the reward model scores if there is

@@ -45,6 +45,7 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -55,6 +56,12 @@ from ppo.run import model_card, run_dir
 from ppo.config import upgrade_field_names
 from ppo.run.evaluation import accelerator_rng_devices
 from ppo.models.lora import load_policy_weights, save_policy
+
+if TYPE_CHECKING:
+    from ppo.algorithm.filtering import PromptPool
+    from ppo.algorithm.kl import FixedKLController
+    from ppo.algorithm.policy_losses import EntropyControl
+    from ppo.models.setup import Models
 
 SHARDED = "sharded"  # the folder of a sharded run's training state (torch.distributed.checkpoint)
 DIGESTS = "digests.json"  # SHA-256 of every other file of a checkpoint, written last
@@ -79,15 +86,15 @@ class TrainingState:
 
     rng: random.Random
     shuffle_generator: torch.Generator
-    prompt_pool: object
-    kl_controller: object
-    entropy_control: object
+    prompt_pool: PromptPool
+    kl_controller: FixedKLController  # or an adaptive one (same interface)
+    entropy_control: EntropyControl
     step: int = 0
     samples_generated: int = 0
     latest_eval: tuple[int, dict] | None = None
 
 
-def save(models, state: TrainingState, config, output_dir: Path) -> Path:
+def save(models: Models, state: TrainingState, config, output_dir: Path) -> Path:
     """Write ``output_dir/checkpoints/step_N`` atomically (temp dir + rename); prune old ones.
 
     `models` is the run's `ppo.models.setup.Models` (weights, tokenizer, optimizers), `state`
@@ -137,7 +144,7 @@ def _attempt(write) -> Exception | None:
     return None
 
 
-def _consolidated(models) -> dict:
+def _consolidated(models: Models) -> dict:
     """The whole policy's and critic's state dicts gathered from their shards (on the main
     process; every rank takes part)."""
     whole = {"policy": sharding.consolidated_state_dict(models.policy)}
@@ -146,7 +153,7 @@ def _consolidated(models) -> dict:
     return whole
 
 
-def _write_main(models, state: TrainingState, config, tmp: Path, whole: dict) -> None:
+def _write_main(models: Models, state: TrainingState, config, tmp: Path, whole: dict) -> None:
     """The main process's files; `whole` holds the gathered state dicts of sharded models."""
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -275,12 +282,12 @@ def _changed_before(output_dir: Path) -> set:
     return changed
 
 
-def _moving_reference(models, config) -> bool:
+def _moving_reference(models: Models, config) -> bool:
     """Whether the reference moves (`ref_update_every`), so its weights are training state."""
     return bool(config.ref_update_every) and models.ref_policy is not None and not config.lora_r
 
 
-def _reference_module(models):
+def _reference_module(models: Models):
     return getattr(models.ref_policy, "module", models.ref_policy)
 
 
@@ -326,7 +333,7 @@ def disk_report(path: Path, error: Exception | None) -> str:
     return f"{what}: the disk mounted at {mount} holds the run ({free}); make room or move the run"
 
 
-def load(models, state: TrainingState, config, output_dir: Path, allow_changes=()) -> bool:
+def load(models: Models, state: TrainingState, config, output_dir: Path, allow_changes=()) -> bool:
     """Restore the newest intact checkpoint of the run in `output_dir` into `models` (a
     `ppo.models.setup.Models`: weights and optimizers) and `state`; False when there is none.
 
@@ -420,7 +427,7 @@ def _brief(value) -> str:
     return text if len(text) <= 60 else text[:60] + "..."
 
 
-def _read(models, config, output_dir: Path, path: Path, allowed: set = frozenset()) -> dict:
+def _read(models: Models, config, output_dir: Path, path: Path, allowed: set = frozenset()) -> dict:
     """Every file of one checkpoint, verified and read into memory (raises if any is damaged;
     `ForeignCheckpointError` for another run's)."""
     info = json.loads((path / "state.json").read_text())
@@ -447,7 +454,7 @@ def _read(models, config, output_dir: Path, path: Path, allowed: set = frozenset
     return saved
 
 
-def _apply(models, state: TrainingState, config, path: Path, saved: dict) -> None:
+def _apply(models: Models, state: TrainingState, config, path: Path, saved: dict) -> None:
     # The learning rate, eps and weight decay of this config: an optimizer's state dict
     # carries the saved ones, and a resume allowed to change them must use the new ones.
     settings = [[{k: g[k] for k in ("initial_lr", "eps", "weight_decay")} for g in s.optimizer.param_groups]
@@ -461,7 +468,7 @@ def _apply(models, state: TrainingState, config, path: Path, saved: dict) -> Non
     _apply_rest(models, state, config, saved, trainer_state, settings)
 
 
-def _load_whole(models, config, path: Path, trainer_state: dict) -> None:
+def _load_whole(models: Models, config, path: Path, trainer_state: dict) -> None:
     """Weights and optimizer state of unsharded models (one process, or DDP)."""
     optimizers = models.optimizers
     try:
@@ -480,7 +487,7 @@ def _load_whole(models, config, path: Path, trainer_state: dict) -> None:
                                         f"({type(error).__name__}: {error})") from None
 
 
-def _apply_rest(models, state: TrainingState, config, saved: dict, trainer_state: dict, settings: list) -> None:
+def _apply_rest(models: Models, state: TrainingState, config, saved: dict, trainer_state: dict, settings: list) -> None:
     """Schedulers, RNG streams and the loop's own state."""
     for scheduler, scheduler_state, groups in zip(models.optimizers.schedulers, trainer_state["schedulers"], settings):
         scheduler.load_state_dict(scheduler_state)

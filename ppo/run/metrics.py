@@ -21,6 +21,7 @@ import functools
 import math
 import time
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,6 +30,9 @@ from gae import compute_gae
 from ppo.parallel import distributed
 from ppo.algorithm.filtering import zero_advantage_groups
 from ppo.algorithm.losses import explained_variance, group_shares, token_loss_weights
+
+if TYPE_CHECKING:
+    from ppo.run.checkpoints import TrainingState
 
 
 class PhaseTimer:
@@ -117,7 +121,7 @@ class UpdateTally:
         return averaged
 
 
-def step_metrics(config, state, timer: PhaseTimer, batch, buffer, *, token_rewards, kl, kl_k1, kl_sampling, finite,
+def step_metrics(config, state: TrainingState, timer: PhaseTimer, batch, buffer, *, token_rewards, kl, kl_k1, kl_sampling, finite,
                  kept, skip_empty_rows: bool, lr: float, scalars: dict) -> tuple[dict, list[dict]]:
     """This step's metrics, each a mean over the global batch (one all-reduce for all of
     them), and the decoded samples of every rank (for samples.jsonl).

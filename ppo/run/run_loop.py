@@ -16,7 +16,7 @@ import json
 import time
 import warnings
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from tqdm.auto import tqdm
 
@@ -27,8 +27,12 @@ from ppo.run.evaluation import preserve_rng_state
 from ppo.run.guards import NonFiniteError, RewardFunctionError
 from ppo.run.trackers import write_scalars  # noqa: F401  (public here before trackers.py)
 
+if TYPE_CHECKING:
+    from ppo.models.setup import Models
+    from ppo.run.checkpoints import TrainingState
 
-def evaluate(config, task, models, step: int, source: str) -> dict:
+
+def evaluate(config, task, models: Models, step: int, source: str) -> dict:
     """Held-out metrics of `models`' policy after `step` steps (a `ppo.models.setup.Models`);
     with N processes each scores every N-th problem and all are reduced. `source` names what
     scores the responses, for error messages (`ppo.run.guards.score_source`)."""
@@ -98,7 +102,7 @@ class TrainingRun:
     After `train`, ``already_finished`` says whether a resume found the run already finished.
     """
 
-    def __init__(self, config, output_dir: Path, state, *, model_path: str | None, config_warnings: list[str],
+    def __init__(self, config, output_dir: Path, state: TrainingState, *, model_path: str | None, config_warnings: list[str],
                  train_step: Callable[[], dict], evaluate: Callable[[], dict], save_checkpoint: Callable[[], Path],
                  load_checkpoint: Callable[..., bool], last_samples: Callable[[], list[dict]]):
         self.config, self.output_dir, self.state = config, output_dir, state

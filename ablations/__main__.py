@@ -1,4 +1,4 @@
-"""``python -m ablations``: list the named ablations, sweep them over seeds, report, benchmark.
+"""``python -m ablations``: list the named ablations, sweep them over seeds, report them.
 
 Commands::
 
@@ -7,8 +7,6 @@ Commands::
                             [--variants VARIANT ...] [--compile]
                             [--backend local|ray|slurm] [--address auto] [--cpus-per-run N] [--gpus-per-run N]
     python -m ablations report DIR
-    python -m ablations bench [--steps 8] [--presets alpacafarm grpo]
-    python -m ablations speed compare --peer-dir DIR --peer-python PY --peer-python-ppo PY
     python -m ablations claims RESULTS [--update docs/results.md]
     python -m ablations estimate NAME|all [--seeds 3] [--timed-steps 2] [--json FILE] [--compile]
     python -m ablations noise SWEEP_DIR [--draws 4] [--samples-per-prompt 1,16] [--seeds 5] [--json FILE]
@@ -21,6 +19,9 @@ and writes one ``ppo-train`` run directory per variant x seed under ``DIR/<ablat
 failed ones (see `ablations.runner`), then builds the report: ``results.csv``,
 ``report.md`` (mean and spread over seeds) and ``plots/`` in DIR. ``--backend ray`` runs each
 run as a task on a Ray cluster, ``--backend slurm`` as a Slurm job (`ablations.backends`).
+
+The speed and memory benchmarks moved to ``python -m ppo.benchmarks bench|speed|memory``
+(`ppo.benchmarks`); ``python -m ablations bench|speed|memory`` says so and exits 2.
 """
 
 from __future__ import annotations
@@ -251,10 +252,6 @@ def build_parser() -> argparse.ArgumentParser:
     report.set_defaults(handler=cmd_report)
 
     # Listed for --help only: main() hands these and everything after them to their modules (DELEGATED).
-    commands.add_parser("bench", help="step time against the FLOP floor (python -m ablations bench --help)",
-                        add_help=False)
-    commands.add_parser("speed", help="seconds per step side by side with TRL (python -m ablations speed --help)",
-                        add_help=False)
     commands.add_parser("claims", help="the lecture's claims and the at-a-glance lines, verdicts computed from a "
                         "sweep (python -m ablations claims --help)", add_help=False)
     commands.add_parser("estimate", help="a sweep's serial time, projected from a few timed steps of each run "
@@ -269,11 +266,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # Commands with their own parser: main() hands everything after the name to ablations.<name>.main.
-DELEGATED = ("bench", "speed", "claims", "estimate", "reproduce", "noise", "aa")
+DELEGATED = ("claims", "estimate", "reproduce", "noise", "aa")
+# Commands that moved to `python -m ppo.benchmarks` (the benchmarks measure the loop, not a toggle).
+MOVED_TO_BENCHMARKS = ("bench", "speed", "memory")
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in MOVED_TO_BENCHMARKS:
+        print(f"python -m ablations {argv[0]} moved: run python -m ppo.benchmarks {argv[0]} (same arguments)",
+              file=sys.stderr)
+        return USAGE_ERROR
     if argv and argv[0] in DELEGATED:
         module = importlib.import_module(f".{argv[0]}", __package__)
         return module.main(argv[1:]) or 0

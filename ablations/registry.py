@@ -314,7 +314,7 @@ register(
     "lora",
     "GRPO with LoRA adapters (reference = the adapter-disabled base, no weight copy) against full fine-tuning: "
     "how much held-out accuracy does the memory saving cost? LoRA gets the usual 10x learning rate. "
-    "Memory itself: python -m ablations.memory.",
+    "Memory itself: python -m ppo.benchmarks memory.",
     [Variant("full", GRPO), Variant("lora_r8", GRPO, {"lora_r": 8, "lora_alpha": 16.0, "lr": 1e-3})],
     metric="accuracy", extra_metrics=("kl_k1", "entropy", "time_update"),
 )
@@ -326,7 +326,7 @@ register(
     "(lean forward, reused update forward, one pass per distinct prompt, padding skipped, freed memory kept for reuse) "
     "and with the compiled forward on; PPO with its policy and critic in one update pass or in two. "
     "Accuracy should agree within seed noise; time_step is the point. "
-    "python -m ablations bench / speed measure them alone.",
+    "python -m ppo.benchmarks bench / speed measure them alone.",
     [Variant("default", GRPO), Variant("module_calls", GRPO, {"lean_forward": False}),
      Variant("separate_old_forward", GRPO, {"reuse_update_forward": False}),
      Variant("per_row_prompts", GRPO, {"share_prompt_prefix": False}),

@@ -21,6 +21,14 @@ models and optimizers (`ppo/models/setup.py`), the forward passes and their exac
 and logging (`ppo/run/run_loop.py`), checkpoints (`ppo/run/checkpoints.py`), the optimizer step
 (`ppo/models/optimization.py`), collectives across processes (`ppo/parallel/distributed.py`), sharded
 models (`ppo/parallel/sharding.py`).
+
+The trainer composes its collaborators, each built once and handed to what needs it: the
+models and optimizers (``self.models``, a `ppo.models.setup.Models`), where the run stands
+(``self.state``, a `ppo.run.checkpoints.TrainingState`: step, RNG streams, KL controller, ...),
+the forward passes (``self.passes``), the run directory (``self.output_dir``) and, while
+`train` runs, the loop (`ppo.run.run_loop.TrainingRun`). No function outside this file takes
+the trainer. Attributes that moved into a collaborator stay readable here
+(``trainer.policy`` is ``trainer.models.policy``, ``trainer.step`` is ``trainer.state.step``).
 """
 
 from __future__ import annotations
@@ -33,10 +41,10 @@ from typing import Callable
 import torch
 
 from gae import estimate_advantages, whiten
-from value_model.reward_model import last_token_scores
 
 from ppo.speed import allocator
 from ppo.run import checkpoints, guards, run_dir, run_loop
+from ppo.run.checkpoints import TrainingState
 from ppo.settings import config_checks
 from ppo.parallel import distributed, sharding, vllm_sampler
 from ppo.algorithm import rollout_correction
@@ -45,19 +53,34 @@ from ppo.config import PPOConfig
 from ppo.algorithm.dynamic_sampling import ScoredBatch, sample_batch
 from ppo.run.evaluation import score_batch
 from ppo.algorithm.filtering import PromptPool, gather_pass_rates, group_pass_rates, keep_groups
-from ppo.models.forward_passes import ForwardPasses, rollout_args
+from ppo.models.forward_passes import ForwardPasses
 from ppo.algorithm.kl import make_kl_controller
 from ppo.algorithm.losses import critic_loss_mask, entropy_loss, kl_loss, value_loss
 from ppo.run.metrics import PhaseTimer, UpdateTally, critic_diagnostics, masked_mean, phase, step_metrics, timed_step
-from ppo.models.setup import setup_models, warm_start_path
-from ppo.models.optimization import optimizer_step
+from ppo.models.setup import build_models, warm_start_path
 from ppo.algorithm.policy_losses import EntropyControl, policy_loss, policy_loss_options, top_entropy_mask
-from ppo.models.policy import set_training
 from ppo.algorithm.remax import greedy_baselines
 from ppo.algorithm.rewards import (apply_missing_eos, clip_scores, format_reward, group_kimi_length_reward, length_reward_weight,
                       overlong_penalty, score_positions, shape_rewards, whiten_rewards, whitening_gae_mask)
 from ppo.models.rollout import Rollout, decode_responses, generate, pad_to_width
 from ppo.tasks import build_task, custom_task_config
+
+
+class _Held:
+    """A trainer attribute held by one of its collaborators: ``_Held("models")`` named
+    ``policy`` reads and sets ``trainer.models.policy``."""
+
+    def __init__(self, collaborator: str, name: str | None = None):
+        self.collaborator, self.name = collaborator, name
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = self.name or name
+
+    def __get__(self, trainer, owner=None):
+        return self if trainer is None else getattr(getattr(trainer, self.collaborator), self.name)
+
+    def __set__(self, trainer, value) -> None:
+        setattr(getattr(trainer, self.collaborator), self.name, value)
 
 
 class RLTrainer:
@@ -116,23 +139,35 @@ class RLTrainer:
         random.seed(seed)
         torch.manual_seed(seed)
         self.task = task if task is not None else build_task(config, prompts, reward_fn)
-        self.rng = random.Random(seed)  # prompt sampling
-        self.prompt_pool = PromptPool(self.task, self.rng)
-        self.shuffle_generator = torch.Generator().manual_seed(seed)  # minibatch order
+        rng = random.Random(seed)  # prompt sampling
+        self.state = TrainingState(  # step 0: everything a checkpoint restores besides the models
+            rng=rng, prompt_pool=PromptPool(self.task, rng),
+            shuffle_generator=torch.Generator().manual_seed(seed),  # minibatch order
+            kl_controller=make_kl_controller(config.kl_coef, config.adaptive_kl, config.kl_target, config.kl_horizon,
+                                             rule=config.kl_controller, k_beta=config.kl_k_beta),
+            entropy_control=EntropyControl(config.entropy_coef, config.entropy_target, config.entropy_coef_step))
         self.output_dir = run_dir.resolve(config.output_dir)  # as the filesystem sees it, once
-        setup_models(self, model_path, policy, tokenizer)  # policy, ref_policy, value_model, optimizers, ...
-        self.vllm_sampler = vllm_sampler.build(self)  # generation_backend='vllm': this process's engine, else None
+        self.models = build_models(config, self.accelerator, model_path, policy, tokenizer)  # policy, ref, critic, ...
+        # generation_backend='vllm': this process's engine, else None
+        self.vllm_sampler = vllm_sampler.build(config, self.policy_module, self.policy_optimizer, self.device)
         self.timer = PhaseTimer()
         self.passes = ForwardPasses(self.policy, self.value_model, self.ref_policy, config, self.shuffle_generator,
                                     self.micro_batch_size, self.timer)
-        self.kl_controller = make_kl_controller(config.kl_coef, config.adaptive_kl, config.kl_target, config.kl_horizon,
-                                                rule=config.kl_controller, k_beta=config.kl_k_beta)
-        self.entropy_control = EntropyControl(config.entropy_coef, config.entropy_target, config.entropy_coef_step)
-        self.step = 0
-        self.samples_generated = 0  # responses generated over all ranks (dynamic sampling makes extra)
-        self.trackers = None  # ppo/run/trackers.py RunTrackers, main process, while train() runs
-        self.latest_eval = None  # (step, held-out metrics) of the latest evaluation, for the model card
-        self.already_finished = False  # set by a resume of a run that had already finished (run_loop.train)
+        self.last_samples: list[dict] = []  # the last step's decoded samples, for samples.jsonl
+        self.already_finished = False  # set by a resume of a run that had already finished (`train`)
+
+    # Attributes users, tests and docs read, held by the collaborators.
+    model_path, tokenizer, stop_token_ids, max_prompt_length = (_Held("models") for _ in range(4))
+    policy, policy_module, value_model, ref_policy, reward_model = (_Held("models") for _ in range(5))
+    policy_optimizer, value_optimizer = _Held("optimizers", "policy"), _Held("optimizers", "value")
+    schedulers, model_parameters = _Held("optimizers"), _Held("optimizers", "parameters")
+    step, samples_generated, latest_eval = (_Held("state") for _ in range(3))
+    rng, shuffle_generator, prompt_pool, kl_controller, entropy_control = (_Held("state") for _ in range(5))
+
+    @property
+    def optimizers(self):
+        """The run's optimizers and schedules (`ppo.models.optimization.Optimizers`)."""
+        return self.models.optimizers
 
     # ====================================================================================
     # The algorithm
@@ -176,7 +211,8 @@ class RLTrainer:
         # ---- 5-6. per-token rewards, then advantages and returns ------------------------
         kl_in_reward = cfg.kl_placement == "reward" and ref_logprobs is not None
         token_rewards, gae_mask, length_coef = self._token_rewards(batch, kl, response_mask, beta, kl_in_reward)
-        baselines = greedy_baselines(self, batch) if cfg.advantage_estimator == "remax" else None  # [B]: ReMax
+        remax = cfg.advantage_estimator == "remax"  # ReMax: the greedy response's score is the baseline
+        baselines = greedy_baselines(cfg, self.models, self.task, batch) if remax else None  # [B]
         advantages, returns, critic_stats = self._advantages(token_rewards, gae_mask, values, response_mask, baselines,
                                                              rollout.response_lengths)
         # Responses cut off at response_length can be left out of the loss (DAPO).
@@ -209,14 +245,14 @@ class RLTrainer:
 
         # ---- 8. KL controller and learning-rate schedule -------------------------------
         self.kl_controller.update(distributed.global_mean(kl.sum(-1)), cfg.rollout_batch_size)  # mean sequence KL
-        for scheduler in self.schedulers:
-            scheduler.step()
+        self.optimizers.step_schedules()
         self.passes.refresh_reference(self.step + 1)  # ref_update_every: reset or mix the reference (off by default)
 
-        metrics = step_metrics(self, batch, buffer, token_rewards=token_rewards, kl=kl, kl_k1=kl_k1,
-                               kl_sampling=kl_sampling, finite=finite, kept=kept,
-                               scalars={"kl_coef": beta, "length_reward_coef": length_coef, **critic_stats,
-                                        **update_metrics, **self.passes.kl_metrics(), **mismatch})
+        metrics, self.last_samples = step_metrics(
+            cfg, self.state, self.timer, batch, buffer, token_rewards=token_rewards, kl=kl, kl_k1=kl_k1,
+            kl_sampling=kl_sampling, finite=finite, kept=kept, skip_empty_rows=self.skip_empty_rows,
+            lr=self.optimizers.lr, scalars={"kl_coef": beta, "length_reward_coef": length_coef, **critic_stats,
+                                            **update_metrics, **self.passes.kl_metrics(), **mismatch})
         self.step += 1
         return metrics
 
@@ -280,7 +316,7 @@ class RLTrainer:
         tally = UpdateTally()
         stop_early = False
         train_policy = self.step >= cfg.critic_warmup_steps  # critic warm-up: the policy waits (verl, OpenRLHF)
-        self._set_training(True)
+        self.models.set_training(True)
         for _, _, micro_batches in buffer.iterate(cfg.ppo_epochs, cfg.num_minibatches,
                                                   cfg.gradient_accumulation_steps, self.shuffle_generator):
             if stop_early:
@@ -361,15 +397,10 @@ class RLTrainer:
             # RLHF: the policy optimises the (proxy) reward model; the task's own score and
             # verdict are the gold, logged but never trained on (PPOConfig.validate refuses
             # the toggles that would read the verdict).
-            raw_scores = self._reward_model_scores(rollout) if self.reward_model is not None else task_scores  # [B]
+            raw_scores = self.models.reward_model_scores(rollout) if self.reward_model is not None else task_scores
             correct = torch.tensor([s.correct for s in score_objects], device=self.device)  # [B]
             well_formed = torch.tensor([s.well_formed for s in score_objects], device=self.device)  # [B]
         return ScoredBatch(problems, rollout, texts, task_scores, raw_scores, correct, well_formed)
-
-    def _reward_model_scores(self, rollout: Rollout) -> torch.Tensor:
-        """Reward-model score read at the last response token, ``[B]`` (as in RM training)."""
-        with torch.no_grad():
-            return last_token_scores(self.reward_model, *rollout_args(rollout))
 
     def _whiten_minibatch_advantages(self, micro_batches: list[dict]) -> list[dict]:
         """Advantages whitened over one minibatch (all its micro-batches, all ranks)."""
@@ -394,14 +425,8 @@ class RLTrainer:
 
     def _optimizer_step(self, loss: float | None = None, train_policy: bool = True) -> dict[str, float]:
         """Clip, guard and step (ppo/models/optimization.py); the gradient norms before clipping."""
-        return optimizer_step(self.accelerator, self.policy_optimizer, self.value_optimizer, self.model_parameters,
-                              self.config.max_grad_norm, self.step + 1, loss, train_policy=train_policy)
-
-    def _set_training(self, mode: bool) -> None:
-        """Policy and critic in train (or eval) mode (`ppo.models.policy.set_training`)."""
-        for model in (self.policy, self.value_model):
-            if model is not None:
-                set_training(model, mode)
+        return self.optimizers.step(self.accelerator, self.config.max_grad_norm, self.step + 1, loss,
+                                    train_policy=train_policy)
 
     def _to_device(self, rollout: Rollout) -> Rollout:
         return rollout.to(self.device)
@@ -412,7 +437,7 @@ class RLTrainer:
 
     def evaluate(self) -> dict:
         """Held-out metrics (`ppo.run.run_loop.evaluate`)."""
-        return run_loop.evaluate(self)
+        return run_loop.evaluate(self.config, self.task, self.models, self.step, self._score_source())
 
     def train(self, resume: bool = False, stop_after: int | None = None, restart: bool = False,
               allow_changes: list[str] | tuple[str, ...] = ()) -> dict:
@@ -423,16 +448,22 @@ class RLTrainer:
         `stop_after` ends this session early after that step, with a checkpoint, so a long
         run can be split across time-limited jobs and continued with ``resume=True``.
         """
-        return run_loop.train(self, resume=resume, stop_after=stop_after, restart=restart, allow_changes=allow_changes)
+        run = run_loop.TrainingRun(self.config, self.output_dir, self.state, model_path=self.model_path,
+                                   config_warnings=self.config_warnings, train_step=self.train_step,
+                                   evaluate=self.evaluate, save_checkpoint=self.save_checkpoint,
+                                   load_checkpoint=self.load_checkpoint, last_samples=lambda: self.last_samples)
+        summary = run.train(resume=resume, stop_after=stop_after, restart=restart, allow_changes=allow_changes)
+        self.already_finished = run.already_finished
+        return summary
 
     def save_checkpoint(self) -> Path:
         """Write ``checkpoints/step_N`` atomically; see `ppo.run.checkpoints.save`."""
-        return checkpoints.save(self)
+        return checkpoints.save(self.models, self.state, self.config, self.output_dir)
 
     def load_checkpoint(self, allow_changes=()) -> bool:
         """Restore the newest intact checkpoint of this run; False when there is none
         (`ppo.run.checkpoints.load`; `allow_changes`: config fields this resume may change)."""
-        loaded = checkpoints.load(self, allow_changes)
+        loaded = checkpoints.load(self.models, self.state, self.config, self.output_dir, allow_changes)
         if loaded and self.vllm_sampler is not None:
             self.vllm_sampler.stale = True  # the engine holds the weights from before the load
         return loaded

@@ -4,7 +4,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ablations.bench import (ProductTimer, calls_alone, floor_flops, format_bench, length_groups, matmul_throughput,
+from ppo.benchmarks.bench import (ProductTimer, calls_alone, floor_flops, format_bench, length_groups, matmul_throughput,
                              model_flops, real_sequences, sequence_flops, step_products)
 from ppo.config import PPOConfig
 from ppo.algorithm.dynamic_sampling import select_rollout
@@ -95,12 +95,12 @@ def test_floor_counts_only_unavoidable_passes(tmp_path, tiny_model_dir):
     ppo = RLTrainer(PPOConfig(output_dir=str(tmp_path / "p"), ppo_epochs=2, num_minibatches=2, **base))
     torch.manual_seed(0)
     rollout = ppo._sample_and_score(8).rollout
-    flops = floor_flops(ppo, rollout)
+    flops = floor_flops(ppo.config, ppo.models, ppo.passes, rollout)
     # two optimizer steps per batch: the old critic's values need their own pass
     assert set(flops) == {"generate", "reference_forward", "value_forward", "update"}
     assert flops["reference_forward"] == flops["generate"]
     # ... over the rows outside the update's first micro-batch, whose own pass gives theirs
-    critic = ppo.accelerator.unwrap_model(ppo.value_model)
+    critic = ppo.models.value_module
     assert ppo.passes.reuses_update_forward
     assert flops["value_forward"] < sequence_flops(critic, rollout, backward=False)
     assert flops["value_forward"] == sequence_flops(critic, select_rollout(rollout, torch.arange(4, 8)), backward=False)
@@ -108,10 +108,10 @@ def test_floor_counts_only_unavoidable_passes(tmp_path, tiny_model_dir):
     assert flops["update"] > 2 * 3 * flops["generate"]
     one_step = RLTrainer(PPOConfig(output_dir=str(tmp_path / "o"), ppo_epochs=1, num_minibatches=1, kl_coef=0.0,
                                    **base))
-    assert set(floor_flops(one_step, rollout)) == {"generate", "update"}
+    assert set(floor_flops(one_step.config, one_step.models, one_step.passes, rollout)) == {"generate", "update"}
     # the per-call table works on copies: the trained models are untouched
     before = [p.detach().clone() for p in ppo.policy.parameters()]
-    times = calls_alone(ppo, rollout)
+    times = calls_alone(ppo.config, ppo.models, ppo.passes, rollout)
     assert set(times) == {"generate", "policy_forward", "reference_forward", "value_forward", "update"}
     assert all(t > 0 for t in times.values())
     assert all(torch.equal(a, b) for a, b in zip(before, ppo.policy.parameters()))
@@ -166,7 +166,8 @@ def test_a_steps_products_are_at_least_its_floor(tmp_path, tiny_model_dir):
         return captured["batch"]
 
     trainer._sample_and_score = capture
-    products = step_products(trainer, steps=1)
+    products = step_products(trainer.train_step, steps=1)
     assert trainer.step == 1
-    assert products["flops"] >= sum(floor_flops(trainer, captured["batch"].rollout).values())
+    floor = floor_flops(trainer.config, trainer.models, trainer.passes, captured["batch"].rollout)
+    assert products["flops"] >= sum(floor.values())
     assert products["calls"] > 0 and products["seconds"] > 0

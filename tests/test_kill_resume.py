@@ -40,16 +40,16 @@ moment, step, marker = sys.argv[1], int(sys.argv[2]), pathlib.Path(sys.argv[3])
 def hang():
     marker.write_text(moment)
     time.sleep(600)
-real_save, real_log = torch.save, run_loop.log
+real_save, real_log = torch.save, run_loop.TrainingRun.log
 def held_save(obj, f, *args, **kwargs):
     real_save(obj, f, *args, **kwargs)
     if moment == "save" and ".tmp_step_%06d" % step in str(f):
         hang()
-def held_log(trainer, metrics):
-    real_log(trainer, metrics)
+def held_log(run, metrics):
+    real_log(run, metrics)
     if moment == "log" and metrics["step"] == step:
         hang()
-torch.save, run_loop.log = held_save, held_log
+torch.save, run_loop.TrainingRun.log = held_save, held_log
 from ppo.cli import main
 sys.exit(main(sys.argv[4:]))
 '''

@@ -106,13 +106,13 @@ def test_lora_fields_are_validated():
 
 
 def test_lora_holds_no_reference_copy_and_no_full_optimizer_state(tmp_path, tiny_model_dir):
-    from ablations.memory import state_bytes
+    from ppo.benchmarks.memory import state_bytes
 
     measured = {}
     for rank in (0, 4):
         trainer = grpo(tmp_path / f"r{rank}", tiny_model_dir, lora_r=rank)
         trainer.train_step()  # AdamW allocates its moments at the first step
-        measured[rank] = state_bytes(trainer)
+        measured[rank] = state_bytes(trainer.models)
     full, lora = measured[0], measured[4]
     assert full["reference_weights"] == full["policy_weights"] and lora["reference_weights"] == 0
     assert full["optimizer_state"] == 2 * full["gradients"] == 2 * full["policy_weights"]  # Adam: two moments

@@ -48,13 +48,13 @@ HELD_RUN = '''
 import sys, time, pathlib
 from ppo.run import run_loop
 moment, step, marker = sys.argv[1], int(sys.argv[2]), pathlib.Path(sys.argv[3])
-real_log = run_loop.log
-def held_log(trainer, metrics):
-    real_log(trainer, metrics)
+real_log = run_loop.TrainingRun.log
+def held_log(run, metrics):
+    real_log(run, metrics)
     if moment == "log" and metrics["step"] == step:
         marker.write_text(moment)
         time.sleep(600)
-run_loop.log = held_log
+run_loop.TrainingRun.log = held_log
 from ppo.cli import main
 sys.exit(main(sys.argv[4:]))
 '''

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ablations import speed
+from ppo.benchmarks import speed
 
 
 def test_addition_task_is_exact_match_with_eos():

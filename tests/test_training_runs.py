@@ -67,7 +67,7 @@ def test_full_testbed_run_raises_held_out_accuracy(tmp_path, name, seed):
 @pytest.mark.slow
 def test_short_grpo_lora_run_raises_sampled_accuracy(tmp_path):
     """LoRA (rank 8, the usual 10x learning rate) learns on the testbed too. The reference is
-    the adapter-disabled base; ablations.memory measures what that saves. Measured: 0.359 ->
+    the adapter-disabled base; ppo.benchmarks.memory measures what that saves. Measured: 0.359 ->
     0.414 held-out sampled accuracy (full fine-tuning at lr 1e-4 in the same 40 steps: see
     docs/results.md)."""
     pytest.importorskip("peft")

@@ -31,5 +31,4 @@ def test_missing_vllm_names_the_field_and_both_installs(monkeypatch):
 
 
 def test_the_hf_backend_builds_no_engine():
-    trainer = type("Trainer", (), {"config": PPOConfig()})()
-    assert build(trainer) is None
+    assert build(PPOConfig(), policy=None, policy_optimizer=None, device="cpu") is None

@@ -7,7 +7,7 @@ Implementation details that live here:
 
 - **Score at the last response token, EOS included** (`last_token_scores`): the model reads
   the whole response before it scores it, and the trainer reads the score at the same
-  position during RL (`RLTrainer._reward_model_scores`), so training and use agree.
+  position during RL (`ppo.models.setup.Models.reward_model_scores`), so training and use agree.
 - **Head init N(0, 1/sqrt(d+1))** (`ScalarHeadModel.from_policy(..., head_init="normal")`):
   OpenAI's lm-human-preferences and the N+ implementation details; the backbone starts as
   the SFT policy's, so the reward model already "reads" the responses it will judge.

@@ -13,28 +13,35 @@ greedy response gets advantage 0.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from ppo.run.evaluation import score_batch
 from ppo.algorithm.rewards import apply_missing_eos, clip_scores, format_reward
 from ppo.models.rollout import decode_responses, generate
 
+if TYPE_CHECKING:
+    from ppo.models.setup import Models
+
 
 @torch.no_grad()
-def greedy_baselines(trainer, batch) -> torch.Tensor:
+def greedy_baselines(config, models: Models, task, batch) -> torch.Tensor:
     """``[B]``: for each sample of `batch`, the score of the greedy response to its prompt
-    (decoded once per group of G samples, then repeated over the group)."""
-    cfg, group_size = trainer.config, trainer.config.group_size
+    (decoded once per group of G samples, then repeated over the group). `models` is the
+    run's `ppo.models.setup.Models` (the policy samples, the reward model scores if there is
+    one, else `task` does)."""
+    cfg, group_size = config, config.group_size
     problems = batch.problems[::group_size]  # [prompts]: the G samples of a prompt are contiguous
-    rollout = trainer._to_device(generate(
-        trainer.policy_module, trainer.tokenizer, [p.prompt for p in problems], cfg.response_length, greedy=True,
-        stop_token_ids=trainer.stop_token_ids, max_prompt_length=trainer.max_prompt_length,
-        prompt_truncation=cfg.prompt_truncation))
-    texts = decode_responses(trainer.tokenizer, rollout)
-    scored = score_batch(trainer.task, problems, texts, rollout.has_eos.tolist())
-    scores = (trainer._reward_model_scores(rollout) if trainer.reward_model is not None
-              else torch.tensor([s.reward for s in scored], device=trainer.device))  # [prompts]
+    rollout = generate(
+        models.policy_module, models.tokenizer, [p.prompt for p in problems], cfg.response_length, greedy=True,
+        stop_token_ids=models.stop_token_ids, max_prompt_length=models.max_prompt_length,
+        prompt_truncation=cfg.prompt_truncation).to(models.device)
+    texts = decode_responses(models.tokenizer, rollout)
+    scored = score_batch(task, problems, texts, rollout.has_eos.tolist())
+    scores = (models.reward_model_scores(rollout) if models.reward_model is not None
+              else torch.tensor([s.reward for s in scored], device=models.device))  # [prompts]
     scores = apply_missing_eos(scores, rollout.has_eos, cfg.missing_eos, cfg.missing_eos_penalty, cfg.missing_eos_value)
-    well_formed = torch.tensor([s.well_formed for s in scored], device=trainer.device)
+    well_formed = torch.tensor([s.well_formed for s in scored], device=models.device)
     scores = clip_scores(scores + format_reward(well_formed, cfg.format_reward_coef), cfg.reward_clip)
     return scores.repeat_interleave(group_size)  # [B]

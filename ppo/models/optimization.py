@@ -26,6 +26,7 @@ on a NaN is ppo/run/guards.py's.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -46,6 +47,43 @@ def adamw_kernel(models: list) -> dict:
     if dtypes <= {torch.float16, torch.bfloat16, torch.float32, torch.float64}:
         return {"fused": True}
     return {"foreach": True}
+
+
+@dataclass
+class Optimizers:
+    """A run's optimizers and learning-rate schedules (built by `ppo.models.setup.build_models`).
+
+    `policy` is the policy's AdamW (the critic's parameters a second group of it when there is
+    no `value` optimizer: `separate_value_optimizer` False), as accelerate prepared it;
+    `schedulers` step once per RL step; `parameters` are the policy's and the critic's
+    parameters (empty without a critic), for clipping and the finiteness guard, looked up
+    once (checkpoints load into them).
+    """
+
+    policy: torch.optim.Optimizer
+    value: torch.optim.Optimizer | None
+    schedulers: list
+    parameters: list[list[torch.nn.Parameter]]
+
+    def step(self, accelerator, max_grad_norm: float | None, step: int, loss: float | None = None,
+             train_policy: bool = True) -> dict[str, float]:
+        """One optimizer step of both models (`optimizer_step`); the gradient norms before clipping."""
+        return optimizer_step(accelerator, self.policy, self.value, self.parameters, max_grad_norm, step, loss,
+                              train_policy=train_policy)
+
+    def step_schedules(self) -> None:
+        """Advance every learning-rate schedule by one RL step."""
+        for scheduler in self.schedulers:
+            scheduler.step()
+
+    @property
+    def lr(self) -> float:
+        """The policy's learning rate now (its first parameter group's)."""
+        return self.policy.param_groups[0]["lr"]
+
+    def all(self) -> list[torch.optim.Optimizer]:
+        """The optimizers that exist: the policy's, and the critic's own when it has one."""
+        return [o for o in (self.policy, self.value) if o is not None]
 
 
 def build_optimizers(config, policy: torch.nn.Module, value_model: torch.nn.Module | None):

@@ -19,7 +19,7 @@ Implementation details that live here:
 - **Token ids fit the embedding** (`check_token_ids`): a tokenizer's pad id past the
   embedding matrix grows a loaded policy's matrix, or is refused with what to do.
 - **Sharded models** (`PPOConfig.sharding`): with "fsdp" the four models are sharded across
-  the processes (`setup_sharded`, ppo/parallel/sharding.py) instead of being wrapped by accelerate.
+  the processes (`build_sharded`, ppo/parallel/sharding.py) instead of being wrapped by accelerate.
 - **Special tokens spelled in prompt text** (`PPOConfig.split_special_tokens`): by default
   ``'hello<eos>world'`` is encoded with the EOS token inside the prompt (the tokenizer's
   usual rule); True encodes such text as the characters it is made of.
@@ -28,15 +28,19 @@ Implementation details that live here:
 from __future__ import annotations
 
 import copy
+from dataclasses import dataclass
+
+import torch
 
 from value_model import ScalarHeadModel
+from value_model.reward_model import last_token_scores
 
 from ppo.parallel import distributed, sharding
 from ppo.speed import lean_forward
 from ppo.models.lora import AdapterDisabledReference, apply_lora
-from ppo.models.optimization import build_lr_scheduler, build_optimizers
+from ppo.models.optimization import Optimizers, build_lr_scheduler, build_optimizers
 from ppo.models.policy import (declared_stop_token_ids, disable_dropout, enable_gradient_checkpointing, load_policy,
-                     resolve_max_prompt_length)
+                               resolve_max_prompt_length, set_training)
 from ppo.models.precision import cast_master_weights, master_dtype, prepare_frozen
 
 
@@ -64,41 +68,77 @@ def check_stop_token_ids(stop_token_ids: list[int] | None, policy, tokenizer) ->
                          "checkpoint's EOS ids, or [] for no stop token")
 
 
-def setup_models(trainer, model_path: str | None, policy=None, tokenizer=None) -> None:
-    """Load or take the policy and build everything around it, set on `trainer`:
+@dataclass
+class Models:
+    """A run's models and what trains them, built once by `build_models`.
 
-    ``model_path, tokenizer, stop_token_ids, max_prompt_length`` (settled and checked against
-    the context up front), ``policy`` / ``value_model`` (as accelerate prepared them: the
-    update's backward runs through them), ``policy_module`` (the unwrapped policy: sampling,
-    evaluation), ``ref_policy``, ``reward_model``, ``policy_optimizer``, ``value_optimizer``,
-    ``schedulers`` and ``model_parameters`` (each trained model's parameters, for clipping
-    and the finiteness guard; looked up once, as checkpoints load into them).
+    The tokenizer and what it settles up front (checked against the model's context):
+    ``tokenizer``, ``stop_token_ids`` (``[]``: no stop token), ``max_prompt_length``, and
+    ``model_path`` (the warm start loaded; None for a policy passed in as an object). The
+    models: ``policy`` and ``value_model`` as accelerate prepared them (the update's
+    backward runs through them; ``value_model`` None without a critic), ``policy_module`` and
+    ``value_module`` unwrapped (sampling, evaluation, checkpoints), the frozen ``ref_policy``
+    (None when beta = 0) and ``reward_model`` (None unless `reward_model_path`), all placed
+    on ``device``. ``optimizers``: AdamW and the learning-rate schedules.
     """
-    config, accelerator = trainer.config, trainer.accelerator
+
+    model_path: str | None
+    tokenizer: object
+    stop_token_ids: list[int]
+    max_prompt_length: int | None
+    device: torch.device
+    policy: torch.nn.Module
+    policy_module: torch.nn.Module
+    value_model: torch.nn.Module | None
+    value_module: torch.nn.Module | None
+    ref_policy: torch.nn.Module | None
+    reward_model: torch.nn.Module | None
+    optimizers: Optimizers
+
+    def set_training(self, mode: bool) -> None:
+        """Policy and critic in train (or eval) mode (`ppo.models.policy.set_training`)."""
+        for model in (self.policy, self.value_model):
+            if model is not None:
+                set_training(model, mode)
+
+    @torch.no_grad()
+    def reward_model_scores(self, rollout) -> torch.Tensor:
+        """The reward model's score read at the last response token, ``[B]`` (as in its training)."""
+        return last_token_scores(self.reward_model, rollout.query_ids, rollout.query_mask, rollout.response_ids,
+                                 rollout.response_mask)
+
+
+def build_models(config, accelerator, model_path: str | None, policy=None, tokenizer=None) -> Models:
+    """Load (from `model_path`) or take the policy and build everything around it (`Models`).
+
+    The tokenizer's settings are settled and checked against the policy's context first;
+    then the reference, the critic, the reward model and the optimizers; then accelerate
+    prepares the trained models (or, under `PPOConfig.sharding` "fsdp", `build_sharded`
+    shards all four), and the lean forward is switched on where it applies.
+    """
     if policy is None:
-        trainer.model_path = model_path
         policy, tokenizer = load_policy(model_path, dropout=not config.disable_dropout,
                                         dtype=master_dtype(config.model_dtype),
                                         attn_implementation=config.attn_implementation)
     elif tokenizer is None:
         raise ValueError("pass the tokenizer together with the policy")
     else:
-        trainer.model_path = None
+        model_path = None
         cast_master_weights(policy, config.model_dtype)
         if config.disable_dropout:
             disable_dropout(policy)
-    check_token_ids(policy, tokenizer, resize=trainer.model_path is not None)
+    check_token_ids(policy, tokenizer, resize=model_path is not None)
     # Prompt text such as '<eos>' is the special token by default, its characters with True.
     tokenizer.split_special_tokens = config.split_special_tokens
-    trainer.tokenizer = tokenizer
-    trainer.stop_token_ids = (declared_stop_token_ids(policy, tokenizer) if config.stop_token_ids is None
-                              else config.stop_token_ids)  # [] = no stop token
+    settled = dict(model_path=model_path, tokenizer=tokenizer, device=accelerator.device,
+                stop_token_ids=(declared_stop_token_ids(policy, tokenizer) if config.stop_token_ids is None
+                                else config.stop_token_ids))  # [] = no stop token
     check_stop_token_ids(config.stop_token_ids, policy, tokenizer)
-    trainer.max_prompt_length = resolve_max_prompt_length(policy, config.max_prompt_length, config.response_length)
+    settled["max_prompt_length"] = resolve_max_prompt_length(policy, config.max_prompt_length, config.response_length)
     ref_policy = None
     if config.uses_reference_model and not config.lora_r:
         ref_policy = copy.deepcopy(policy).eval().requires_grad_(False)
-    value_model = build_value_model(config, policy, trainer.device) if config.uses_value_model else None
+    value_model = build_value_model(config, policy, accelerator.device) if config.uses_value_model else None
     policy = apply_memory_toggles(config, policy, value_model)
     reward_model = None
     if config.reward_model_path:
@@ -107,60 +147,58 @@ def setup_models(trainer, model_path: str | None, policy=None, tokenizer=None) -
             attn_implementation=config.attn_implementation).eval().requires_grad_(False)
 
     if sharding.sharded(config):  # FSDP2: each process keeps 1/N of every model (ppo/parallel/sharding.py)
-        setup_sharded(trainer, policy, value_model, ref_policy, reward_model)
-        return
+        return build_sharded(config, policy, value_model, ref_policy, reward_model, **settled)
     # The critic gets its own AdamW by default (separate_value_optimizer).
     policy_optimizer, value_optimizer = build_optimizers(config, policy, value_model)
-    trainer.schedulers = [build_lr_scheduler(opt, config.lr_schedule, config.warmup_steps, config.total_steps)
-                          for opt in (policy_optimizer, value_optimizer) if opt is not None]
+    schedulers = [build_lr_scheduler(opt, config.lr_schedule, config.warmup_steps, config.total_steps)
+                  for opt in (policy_optimizer, value_optimizer) if opt is not None]
     trained = [m for m in (policy, value_model, policy_optimizer, value_optimizer) if m is not None]
     prepared = iter(accelerator.prepare(*trained))
-    trainer.policy = next(prepared)
-    trainer.value_model = next(prepared) if value_model is not None else None
-    trainer.policy_optimizer = next(prepared)
-    trainer.value_optimizer = next(prepared) if value_optimizer is not None else None
-    trainer.policy_module = accelerator.unwrap_model(trainer.policy)
-    value_module = accelerator.unwrap_model(trainer.value_model) if value_model is not None else None
-    trainer.model_parameters = [list(model.parameters()) if model is not None else []
-                                for model in (trainer.policy, trainer.value_model)]
+    policy = next(prepared)
+    value_model = next(prepared) if value_model is not None else None
+    policy_optimizer = next(prepared)
+    value_optimizer = next(prepared) if value_optimizer is not None else None
+    policy_module = accelerator.unwrap_model(policy)
+    value_module = accelerator.unwrap_model(value_model) if value_model is not None else None
+    parameters = [list(model.parameters()) if model is not None else [] for model in (policy, value_model)]
     if ref_policy is not None:
         ref_policy = prepare_frozen(accelerator, ref_policy)
     elif config.uses_reference_model:
-        ref_policy = AdapterDisabledReference(trainer.policy, trainer.policy_module)
-    trainer.ref_policy = ref_policy
-    trainer.reward_model = prepare_frozen(accelerator, reward_model) if reward_model is not None else None
+        ref_policy = AdapterDisabledReference(policy, policy_module)
+    reward_model = prepare_frozen(accelerator, reward_model) if reward_model is not None else None
     if config.lean_forward and config.mixed_precision == "no":  # autocast lives in the module call
         # The reference goes where the policy's own passes go (they run through
-        # `trainer.policy`: a DDP wrapper, or an HF forward under gradient checkpointing):
+        # `Models.policy`: a DDP wrapper, or an HF forward under gradient checkpointing):
         # the same weights through two code paths differ in rounding, a fake step-1 KL.
-        policy_lean = not lean_forward.enable(trainer.policy_module, compile=config.compile_forward,
+        policy_lean = not lean_forward.enable(policy_module, compile=config.compile_forward,
                                               share_prompts=config.share_prompt_prefix,
                                               padding_free=config.padding_free)
-        policy_lean = policy_lean and lean_forward.lean_backbone(trainer.policy) is not None
-        lean_forward.enable(trainer.ref_policy if policy_lean else None, value_module,
+        policy_lean = policy_lean and lean_forward.lean_backbone(policy) is not None
+        lean_forward.enable(ref_policy if policy_lean else None, value_module,
                             compile=config.compile_forward, share_prompts=config.share_prompt_prefix,
                             padding_free=config.padding_free)
         if config.paired_critic_pass:  # one stacked update pass of policy and critic when shapes match
-            lean_forward.pair(trainer.policy_module, value_module)
+            lean_forward.pair(policy_module, value_module)
+    return Models(**settled, policy=policy, policy_module=policy_module, value_model=value_model,
+                  value_module=value_module, ref_policy=ref_policy, reward_model=reward_model,
+                  optimizers=Optimizers(policy_optimizer, value_optimizer, schedulers, parameters))
 
 
-def setup_sharded(trainer, policy, value_model, ref_policy, reward_model) -> None:
-    """`setup_models` under `PPOConfig.sharding` "fsdp": the four models sharded in place, the
+def build_sharded(config, policy, value_model, ref_policy, reward_model, **settled) -> Models:
+    """`build_models` under `PPOConfig.sharding` "fsdp": the four models sharded in place, the
     optimizers built on the shards; no accelerate wrapper (FSDP does the gradient reduction
-    DDP would), and the plain Hugging Face forward and generate (the lean paths decline)."""
-    config = trainer.config
-    sharding.shard_models(config, trainer.device, policy, value_model, ref_policy, reward_model)
-    trainer.policy = trainer.policy_module = policy
-    trainer.value_model = value_model
-    trainer.policy_optimizer, trainer.value_optimizer = build_optimizers(config, policy, value_model)
-    trainer.schedulers = [build_lr_scheduler(opt, config.lr_schedule, config.warmup_steps, config.total_steps)
-                          for opt in (trainer.policy_optimizer, trainer.value_optimizer) if opt is not None]
-    trainer.model_parameters = [list(model.parameters()) if model is not None else []
-                                for model in (policy, value_model)]
+    DDP would), and the plain Hugging Face forward and generate (the lean paths decline).
+    `settled` holds the `Models` fields settled before the models were built (tokenizer, ...)."""
+    sharding.shard_models(config, settled["device"], policy, value_model, ref_policy, reward_model)
+    policy_optimizer, value_optimizer = build_optimizers(config, policy, value_model)
+    schedulers = [build_lr_scheduler(opt, config.lr_schedule, config.warmup_steps, config.total_steps)
+                  for opt in (policy_optimizer, value_optimizer) if opt is not None]
+    parameters = [list(model.parameters()) if model is not None else [] for model in (policy, value_model)]
     if ref_policy is None and config.uses_reference_model:
         ref_policy = AdapterDisabledReference(policy, policy)
-    trainer.ref_policy = ref_policy
-    trainer.reward_model = reward_model
+    return Models(**settled, policy=policy, policy_module=policy, value_model=value_model, value_module=value_model,
+                  ref_policy=ref_policy, reward_model=reward_model,
+                  optimizers=Optimizers(policy_optimizer, value_optimizer, schedulers, parameters))
 
 
 def check_token_ids(policy, tokenizer, resize: bool) -> None:

@@ -100,9 +100,10 @@ def _fit_and_save(config: PPOConfig, settings: PretrainSettings, output_dir: Pat
         run_config = config.replace(seed=settings.seed, output_dir=scratch, advantage_estimator="gae",
                                     critic_warmup_steps=0, kl_coef=0.0, adaptive_kl=False, progress=False)
         trainer = RLTrainer(run_config)
-        batches = [_rollout_targets(trainer) for _ in range(settings.rounds)]
-        history = _fit(trainer, batches, settings.epochs)
-        critic = trainer.accelerator.unwrap_model(trainer.value_model)
+        batches = [_rollout_targets(run_config, trainer._sample_and_score, trainer._token_rewards,
+                                    trainer.tokenizer.pad_token_id) for _ in range(settings.rounds)]
+        history = _fit(run_config, trainer.value_model, batches, settings.epochs)
+        critic = trainer.models.value_module
         info = {"settings": dataclasses.asdict(settings), "version": VALUE_PRETRAIN_VERSION,
                 "config": {name: getattr(config, name) for name in PRETRAIN_FIELDS},
                 "warm_start": str(trainer.model_path), "epochs": history}
@@ -111,24 +112,27 @@ def _fit_and_save(config: PPOConfig, settings: PretrainSettings, output_dir: Pat
 
 
 @torch.no_grad()
-def _rollout_targets(trainer) -> dict:
-    """One rollout batch of the initial policy and its Monte-Carlo returns ``[B, T]``."""
-    cfg = trainer.config
-    batch = trainer._sample_and_score(cfg.rollout_batch_size // cfg.group_size)
+def _rollout_targets(config: PPOConfig, sample_and_score, token_rewards_of, pad_token_id: int) -> dict:
+    """One rollout batch of the initial policy and its Monte-Carlo returns ``[B, T]``:
+    `sample_and_score(n_prompts)` draws and scores it and ``token_rewards_of(batch, kl,
+    mask, beta, kl_in_reward)`` turns its scores into per-token rewards, as in RL
+    (`RLTrainer._sample_and_score`, `RLTrainer._token_rewards`)."""
+    cfg = config
+    batch = sample_and_score(cfg.rollout_batch_size // cfg.group_size)
     # One width for every batch (their statistics are pooled), the run's own under AlpacaFarm's fixed width.
-    batch.rollout = rollout = pad_to_width(batch.rollout, cfg.response_length, trainer.tokenizer.pad_token_id)
+    batch.rollout = rollout = pad_to_width(batch.rollout, cfg.response_length, pad_token_id)
     mask = rollout.response_mask.float()  # [B, T]
     zero_kl = torch.zeros_like(mask)  # the initial policy is its own reference
-    token_rewards, gae_mask, _ = trainer._token_rewards(batch, zero_kl, mask, 0.0, False)  # [B, T]
+    token_rewards, gae_mask, _ = token_rewards_of(batch, zero_kl, mask, 0.0, False)  # [B, T]
     returns = compute_gae(token_rewards, torch.zeros_like(token_rewards), gae_mask, cfg.gamma, 1.0)[1]  # [B, T]
     return {"query_ids": rollout.query_ids, "query_mask": rollout.query_mask, "response_ids": rollout.response_ids,
             "response_mask": mask, "returns": returns}
 
 
-def _fit(trainer, batches: list[dict], epochs: int) -> list[dict]:
-    """Minibatch MSE on the returns, `epochs` passes; the value error and explained variance
-    of each epoch (measured on every batch before that epoch's updates)."""
-    cfg, critic = trainer.config, trainer.value_model
+def _fit(config: PPOConfig, critic, batches: list[dict], epochs: int) -> list[dict]:
+    """Minibatch MSE of `critic` on the returns, `epochs` passes; the value error and explained
+    variance of each epoch (measured on every batch before that epoch's updates)."""
+    cfg = config
     optimizer = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad],
                                   lr=cfg.value_lr if cfg.value_lr is not None else cfg.lr,
                                   betas=(cfg.adam_beta1, cfg.adam_beta2), eps=cfg.adam_eps,

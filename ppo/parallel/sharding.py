@@ -197,46 +197,46 @@ def consolidated_state_dict(model: nn.Module) -> dict[str, torch.Tensor] | None:
     return full if distributed.is_main_process() else None
 
 
-def _training_state(trainer):
+def _training_state(policy, value_model, optimizers: list):
     """The trained models (one module, so one optimizer may span both) and their optimizers."""
-    models = nn.ModuleDict({name: model for name, model in (("policy", trainer.policy),
-                                                            ("value", trainer.value_model)) if model is not None})
-    optimizers = [o for o in (trainer.policy_optimizer, trainer.value_optimizer) if o is not None]
+    models = nn.ModuleDict({name: model for name, model in (("policy", policy), ("value", value_model))
+                            if model is not None})
     return models, optimizers
 
 
-def _state_dicts(trainer) -> dict:
+def _state_dicts(models: nn.ModuleDict, optimizers: list, reference: nn.Module | None) -> dict:
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
 
-    models, optimizers = _training_state(trainer)
     # Frozen weights (LoRA's base model) are the warm start's: rebuilt, never saved twice.
     options = StateDictOptions(ignore_frozen_params=True)
     model_state, optimizer_state = get_state_dict(models, optimizers, options=options)
     state = {"models": model_state, "optimizers": optimizer_state}
-    if trainer.config.ref_update_every and trainer.ref_policy is not None and not trainer.config.lora_r:
-        state["reference"] = get_model_state_dict(trainer.ref_policy)  # a moved reference is training state
+    if reference is not None:
+        state["reference"] = get_model_state_dict(reference)  # a moved reference is training state
     return state
 
 
-def save_sharded(trainer, path: Path) -> None:
-    """Write every rank's shards of weights and optimizer state into `path` (collective)."""
+def save_sharded(path: Path, policy, value_model, optimizers: list, reference=None) -> None:
+    """Write every rank's shards of the policy's and critic's weights and of their
+    `optimizers`' state into `path` (collective); also the `reference`'s, when it moves
+    (`ref_update_every`)."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.save(_state_dicts(trainer), checkpoint_id=str(path))
+    dcp.save(_state_dicts(*_training_state(policy, value_model, optimizers), reference), checkpoint_id=str(path))
 
 
-def load_sharded(trainer, path: Path) -> None:
+def load_sharded(path: Path, policy, value_model, optimizers: list, reference=None) -> None:
     """Load `save_sharded`'s files back into this run's shards (collective)."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict, set_state_dict
 
-    state = _state_dicts(trainer)
+    models, optimizers = _training_state(policy, value_model, optimizers)
+    state = _state_dicts(models, optimizers, reference)
     dcp.load(state, checkpoint_id=str(path))
-    models, optimizers = _training_state(trainer)
     set_state_dict(models, optimizers, model_state_dict=state["models"], optim_state_dict=state["optimizers"],
                    options=StateDictOptions(ignore_frozen_params=True))
     if "reference" in state:
-        set_model_state_dict(trainer.ref_policy, state["reference"])
+        set_model_state_dict(reference, state["reference"])
 
 
 def check_resume_layout(saved: dict, config, path: Path) -> None:

@@ -230,9 +230,10 @@ def _vllm_dtype(model_dtype: str, model) -> str:
     return str(next(model.parameters()).dtype).removeprefix("torch.")
 
 
-def build(trainer) -> VLLMSampler | None:
-    """The trainer's engine for ``generation_backend='vllm'``; None for 'hf'."""
-    if trainer.config.generation_backend != "vllm":
+def build(config, policy, policy_optimizer, device: torch.device) -> VLLMSampler | None:
+    """The run's engine for ``generation_backend='vllm'`` over the unwrapped `policy`, marked
+    stale by every step of `policy_optimizer`; None for 'hf'."""
+    if config.generation_backend != "vllm":
         return None
-    optimizer = getattr(trainer.policy_optimizer, "optimizer", trainer.policy_optimizer)  # accelerate wraps it
-    return VLLMSampler(trainer.policy_module, optimizer, trainer.config, trainer.device)
+    optimizer = getattr(policy_optimizer, "optimizer", policy_optimizer)  # accelerate wraps it
+    return VLLMSampler(policy, optimizer, config, device)

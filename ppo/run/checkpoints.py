@@ -27,8 +27,10 @@ temporary folder and stops the run naming the disk, the previous checkpoint inta
 file it writes goes into the run's manifest (``--restart`` removes exactly those). `load` takes the newest checkpoint whose every
 file reads back and whose ``state.json`` holds values of the right type and range (its step
 that of its folder); a damaged one is skipped with a warning (on every rank alike). The trainer
-calls each once (`RLTrainer.save_checkpoint`, `RLTrainer.load_checkpoint`); the run
-directory's other files (config, metrics, resume checks) are `ppo/run/run_dir.py`'s.
+calls each once (`RLTrainer.save_checkpoint`, `RLTrainer.load_checkpoint`), handing over
+what a checkpoint holds: the models and optimizers (`ppo.models.setup.Models`) and where the
+run stands (`TrainingState`: step, RNG streams, KL controller, ...); the run directory's
+other files (config, metrics, resume checks) are `ppo/run/run_dir.py`'s.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ import os
 import random
 import shutil
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -55,7 +58,10 @@ from ppo.run.evaluation import accelerator_rng_devices
 from ppo.models.lora import load_policy_weights, save_policy
 
 if TYPE_CHECKING:
-    from ppo.trainer import RLTrainer
+    from ppo.algorithm.filtering import PromptPool
+    from ppo.algorithm.kl import FixedKLController
+    from ppo.algorithm.policy_losses import EntropyControl
+    from ppo.models.setup import Models
 
 SHARDED = "sharded"  # the folder of a sharded run's training state (torch.distributed.checkpoint)
 DIGESTS = "digests.json"  # SHA-256 of every other file of a checkpoint, written last
@@ -65,32 +71,64 @@ IDENTITY_IGNORED = run_dir.RESUMABLE_FIELDS + ("compile_forward", "retain_freed_
                                                 "tracker_project", "run_name", "run_group", "run_tags")
 
 
-def save(trainer: RLTrainer) -> Path:
-    """Write ``checkpoints/step_N`` atomically (temp dir + rename); prune old ones.
+@dataclass
+class TrainingState:
+    """Where a run stands between steps: everything a checkpoint restores besides the models.
+
+    ``rng`` draws the prompts (through ``prompt_pool``, which also holds the retired ones),
+    ``shuffle_generator`` the minibatch order; ``kl_controller`` holds beta
+    (`ppo.algorithm.kl`), ``entropy_control`` the adaptive entropy coefficient
+    (`ppo.algorithm.policy_losses.EntropyControl`); ``step`` counts the RL steps taken and
+    ``samples_generated`` the responses generated over all ranks (dynamic sampling makes
+    extra). ``latest_eval`` (step, held-out metrics) of the latest evaluation goes into the
+    model card, not into the checkpoint's state.
+    """
+
+    rng: random.Random
+    shuffle_generator: torch.Generator
+    prompt_pool: PromptPool
+    kl_controller: FixedKLController  # or an adaptive one (same interface)
+    entropy_control: EntropyControl
+    step: int = 0
+    samples_generated: int = 0
+    latest_eval: tuple[int, dict] | None = None
+
+
+def save(models: Models, state: TrainingState, config, output_dir: Path) -> Path:
+    """Write ``output_dir/checkpoints/step_N`` atomically (temp dir + rename); prune old ones.
+
+    `models` is the run's `ppo.models.setup.Models` (weights, tokenizer, optimizers), `state`
+    where it stands (N is ``state.step``), `config` its `PPOConfig`.
 
     The main process writes the weights and optimizer state (identical on every rank);
     every other rank adds its own RNG state (``rng_rank{r}.pt``: its prompts, samples and
     minibatch order), so an N-process resume continues exactly like a straight run. A failed
     write stops every rank with `CheckpointWriteError`; the temporary folder is removed.
     """
-    root = trainer.output_dir / "checkpoints"
-    final = root / f"step_{trainer.step:06d}"
-    tmp = root / f".tmp_step_{trainer.step:06d}_{distributed.broadcast_object(os.getpid())}"
+    root = output_dir / "checkpoints"
+    final = root / f"step_{state.step:06d}"
+    tmp = root / f".tmp_step_{state.step:06d}_{distributed.broadcast_object(os.getpid())}"
     main = distributed.is_main_process()
+
+    def stop_if_failed(error: Exception | None) -> None:
+        _stop_if_failed(error, tmp, final, state.step, output_dir)
+
     # Sharded models (sharding="fsdp"): every rank sends its shards for the whole models the
     # main process writes, then writes its own shards of the training state.
-    whole = _consolidated(trainer) if sharding.sharded(trainer.config) else {}
-    error = _attempt(lambda: _write_main(trainer, tmp, whole)) if main else None
-    _stop_if_failed(trainer, error, tmp, final)  # every rank decides together: the folder exists
-    if sharding.sharded(trainer.config):
-        error = _attempt(lambda: sharding.save_sharded(trainer, tmp / SHARDED))
-        _stop_if_failed(trainer, error, tmp, final)
+    whole = _consolidated(models) if sharding.sharded(config) else {}
+    error = _attempt(lambda: _write_main(models, state, config, tmp, whole)) if main else None
+    stop_if_failed(error)  # every rank decides together: the folder exists
+    if sharding.sharded(config):
+        reference = models.ref_policy if _moving_reference(models, config) else None
+        error = _attempt(lambda: sharding.save_sharded(tmp / SHARDED, models.policy, models.value_model,
+                                                       models.optimizers.all(), reference))
+        stop_if_failed(error)
     if not main:
-        error = _attempt(lambda: torch.save(rng_state(trainer), tmp / f"rng_rank{distributed.rank()}.pt"))
-    _stop_if_failed(trainer, error, tmp, final)  # every rank's state is in it
+        error = _attempt(lambda: torch.save(rng_state(state), tmp / f"rng_rank{distributed.rank()}.pt"))
+    stop_if_failed(error)  # every rank's state is in it
     if main:
-        error = _attempt(lambda: _publish(trainer, tmp, final))
-    _stop_if_failed(trainer, error, tmp, final)
+        error = _attempt(lambda: _publish(tmp, final, output_dir, config.keep_checkpoints))
+    stop_if_failed(error)
     return final
 
 
@@ -106,44 +144,46 @@ def _attempt(write) -> Exception | None:
     return None
 
 
-def _consolidated(trainer: RLTrainer) -> dict:
+def _consolidated(models: Models) -> dict:
     """The whole policy's and critic's state dicts gathered from their shards (on the main
     process; every rank takes part)."""
-    whole = {"policy": sharding.consolidated_state_dict(trainer.policy)}
-    if trainer.value_model is not None:
-        whole["value"] = sharding.consolidated_state_dict(trainer.value_model)
+    whole = {"policy": sharding.consolidated_state_dict(models.policy)}
+    if models.value_model is not None:
+        whole["value"] = sharding.consolidated_state_dict(models.value_model)
     return whole
 
 
-def _write_main(trainer: RLTrainer, tmp: Path, whole: dict) -> None:
+def _write_main(models: Models, state: TrainingState, config, tmp: Path, whole: dict) -> None:
     """The main process's files; `whole` holds the gathered state dicts of sharded models."""
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_policy(trainer.accelerator.unwrap_model(trainer.policy), tmp / "policy", whole.get("policy"))
-    trainer.tokenizer.save_pretrained(tmp / "policy")
-    model_card.write(tmp / "policy", trainer)  # README.md: what this policy is, for whoever finds it later
-    if trainer.value_model is not None:
-        trainer.accelerator.unwrap_model(trainer.value_model).save_pretrained(tmp / "value", whole.get("value"))
-    sharded = sharding.sharded(trainer.config)
-    if _moving_reference(trainer) and not sharded:  # a refreshed reference is training state too
+    save_policy(models.policy_module, tmp / "policy", whole.get("policy"))
+    models.tokenizer.save_pretrained(tmp / "policy")
+    # README.md: what this policy is, for whoever finds it later
+    model_card.write(tmp / "policy", config, state.step, models.model_path, state.latest_eval)
+    if models.value_model is not None:
+        models.value_module.save_pretrained(tmp / "value", whole.get("value"))
+    sharded = sharding.sharded(config)
+    if _moving_reference(models, config) and not sharded:  # a refreshed reference is training state too
         from safetensors.torch import save_model
 
-        save_model(_reference_module(trainer), str(tmp / "reference.safetensors"))
-    optimizers = {} if sharded else {  # sharded: in sharded/ with the weights' shards
-        "policy_optimizer": trainer.policy_optimizer.state_dict(),
-        "value_optimizer": trainer.value_optimizer.state_dict() if trainer.value_optimizer else None}
+        save_model(_reference_module(models), str(tmp / "reference.safetensors"))
+    optimizers = models.optimizers
+    optimizer_states = {} if sharded else {  # sharded: in sharded/ with the weights' shards
+        "policy_optimizer": optimizers.policy.state_dict(),
+        "value_optimizer": optimizers.value.state_dict() if optimizers.value else None}
     torch.save({
-        **optimizers,
-        "schedulers": [s.state_dict() for s in trainer.schedulers],
-        **rng_state(trainer),
+        **optimizer_states,
+        "schedulers": [s.state_dict() for s in optimizers.schedulers],
+        **rng_state(state),
     }, tmp / "trainer_state.pt")
     (tmp / "state.json").write_text(json.dumps({
-        "step": trainer.step, "kl_controller": trainer.kl_controller.state_dict(),
-        "model_path": trainer.model_path, "retired_prompts": sorted(trainer.prompt_pool.retired),
+        "step": state.step, "kl_controller": state.kl_controller.state_dict(),
+        "model_path": models.model_path, "retired_prompts": sorted(state.prompt_pool.retired),
         "world_size": distributed.world_size(), "sharding": "fsdp" if sharded else "none",
-        "samples_generated": trainer.samples_generated,
-        "entropy_coef": trainer.entropy_control.coef, "entropy_last": trainer.entropy_control.last_entropy,
-        "identity": run_identity(trainer.config), "digests": DIGESTS}))
+        "samples_generated": state.samples_generated,
+        "entropy_coef": state.entropy_control.coef, "entropy_last": state.entropy_control.last_entropy,
+        "identity": run_identity(config), "digests": DIGESTS}))
 
 
 def run_identity(config) -> dict:
@@ -195,16 +235,17 @@ class ForeignCheckpointError(run_dir.RunDirectoryError):
     """A checkpoint written by another run (another seed, preset or config)."""
 
 
-def check_identity(trainer: RLTrainer, path: Path, info: dict, allowed: set) -> None:
-    """Refuse a checkpoint whose run differs from this one in a field neither this resume
-    (`allowed`) nor an earlier one (``resume_history.jsonl``) allowed to change."""
+def check_identity(config, output_dir: Path, path: Path, info: dict, allowed: set) -> None:
+    """Refuse a checkpoint whose run differs from this one (`config`, in `output_dir`) in a
+    field neither this resume (`allowed`) nor an earlier one (``resume_history.jsonl``)
+    allowed to change."""
     identity = info.get("identity")
     if not isinstance(identity, dict) or not isinstance(identity.get("config"), dict):
         return  # written before checkpoints carried their run's identity
-    ours = run_identity(trainer.config)
+    ours = run_identity(config)
     if identity.get("fingerprint") == ours["fingerprint"]:
         return
-    allowed = allowed | _changed_before(trainer.output_dir)
+    allowed = allowed | _changed_before(output_dir)
     try:
         theirs = upgrade_field_names(identity["config"])  # fields renamed since it was written
     except ValueError:
@@ -219,7 +260,7 @@ def check_identity(trainer: RLTrainer, path: Path, info: dict, allowed: set) -> 
                        for name in differing[:6]) + (f"; and {len(differing) - 6} more" if len(differing) > 6 else "")
     raise ForeignCheckpointError(
         f"{path}: written by another run (seed {identity.get('seed')}, {identity.get('advantage_estimator')}; this "
-        f"run: seed {trainer.config.seed}, {trainer.config.advantage_estimator}), not loaded: {listed}. Loading it "
+        f"run: seed {config.seed}, {config.advantage_estimator}), not loaded: {listed}. Loading it "
         "would continue that run here. Move it out of checkpoints/ (the run then resumes from its own older "
         "checkpoints), or resume that run in its own output_dir")
 
@@ -241,15 +282,16 @@ def _changed_before(output_dir: Path) -> set:
     return changed
 
 
-def _moving_reference(trainer: RLTrainer) -> bool:
-    return bool(trainer.config.ref_update_every) and trainer.ref_policy is not None and not trainer.config.lora_r
+def _moving_reference(models: Models, config) -> bool:
+    """Whether the reference moves (`ref_update_every`), so its weights are training state."""
+    return bool(config.ref_update_every) and models.ref_policy is not None and not config.lora_r
 
 
-def _reference_module(trainer: RLTrainer):
-    return getattr(trainer.ref_policy, "module", trainer.ref_policy)
+def _reference_module(models: Models):
+    return getattr(models.ref_policy, "module", models.ref_policy)
 
 
-def _publish(trainer: RLTrainer, tmp: Path, final: Path) -> None:
+def _publish(tmp: Path, final: Path, output_dir: Path, keep: int) -> None:
     """Rename the finished folder into place, list its files in the manifest, prune old ones
     (never a folder this run did not write: a link is refused before training starts)."""
     root = final.parent
@@ -257,25 +299,24 @@ def _publish(trainer: RLTrainer, tmp: Path, final: Path) -> None:
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    run_dir.record_written(trainer.output_dir, *(f for f in sorted(final.rglob("*")) if f.is_file()))
+    run_dir.record_written(output_dir, *(f for f in sorted(final.rglob("*")) if f.is_file()))
     existing = sorted(p for p in root.glob("step_*") if p.is_dir() and not p.is_symlink())
-    keep = trainer.config.keep_checkpoints
     for old in existing[:-keep] if keep else []:
         shutil.rmtree(old)
 
 
-def _stop_if_failed(trainer: RLTrainer, error: Exception | None, tmp: Path, final: Path) -> None:
+def _stop_if_failed(error: Exception | None, tmp: Path, final: Path, step: int, output_dir: Path) -> None:
     """Stop every rank when one failed to write; remove the partial folder (main process)."""
     if not distributed.any_rank(error is not None):
         return
     if distributed.is_main_process():
         shutil.rmtree(tmp, ignore_errors=True)
-    previous = [p.name for p in run_dir.checkpoint_candidates(trainer.output_dir) if p != final]
+    previous = [p.name for p in run_dir.checkpoint_candidates(output_dir) if p != final]
     kept = (f"the previous checkpoint {previous[0]} is intact, and --resume continues from it"
             if previous else "no earlier checkpoint exists; --resume starts the run again from step 0")
     reason = f"{type(error).__name__}: {error}" if error is not None else "failed on another process"
-    raise CheckpointWriteError(f"{final}: could not write the checkpoint of step {trainer.step} ({reason}); "
-                               f"{disk_report(trainer.output_dir, error)}; {kept}") from None
+    raise CheckpointWriteError(f"{final}: could not write the checkpoint of step {step} ({reason}); "
+                               f"{disk_report(output_dir, error)}; {kept}") from None
 
 
 def disk_report(path: Path, error: Exception | None) -> str:
@@ -292,8 +333,9 @@ def disk_report(path: Path, error: Exception | None) -> str:
     return f"{what}: the disk mounted at {mount} holds the run ({free}); make room or move the run"
 
 
-def load(trainer: RLTrainer, allow_changes=()) -> bool:
-    """Restore the newest intact checkpoint into `trainer`; False when there is none.
+def load(models: Models, state: TrainingState, config, output_dir: Path, allow_changes=()) -> bool:
+    """Restore the newest intact checkpoint of the run in `output_dir` into `models` (a
+    `ppo.models.setup.Models`: weights and optimizers) and `state`; False when there is none.
 
     A checkpoint that cannot be read (truncated weights, a damaged ``trainer_state.pt``,
     or a crafted one: ``torch.load(weights_only=True)`` refuses pickles that would run
@@ -306,9 +348,9 @@ def load(trainer: RLTrainer, allow_changes=()) -> bool:
     """
     skipped = []
     allowed = {run_dir.renamed(name) if name in run_dir.RENAMED_FIELDS else name for name in allow_changes}
-    for path in run_dir.checkpoint_candidates(trainer.output_dir):
+    for path in run_dir.checkpoint_candidates(output_dir):
         try:
-            saved, error = _read(trainer, path, allowed), None
+            saved, error = _read(models, config, output_dir, path, allowed), None
         except run_dir.RunDirectoryError:
             raise
         except Exception as exc:  # any way a file fails to read means a damaged checkpoint
@@ -318,32 +360,33 @@ def load(trainer: RLTrainer, allow_changes=()) -> bool:
             warnings.warn(f"{path}: damaged checkpoint skipped ({reason})")
             skipped.append(f"{path.name} ({reason})")
             continue
-        _apply(trainer, path, saved)
+        _apply(models, state, config, path, saved)
         return True
     if skipped:
-        raise run_dir.RunDirectoryError(f"{trainer.output_dir / 'checkpoints'}: no intact checkpoint ("
+        raise run_dir.RunDirectoryError(f"{output_dir / 'checkpoints'}: no intact checkpoint ("
                                         + "; ".join(skipped) + "); pass --restart to start the run over")
     return False
 
 
-def rng_state(trainer: RLTrainer) -> dict:
+def rng_state(state: TrainingState) -> dict:
     """Every random stream this process draws from: torch (CPU and accelerator), the
     minibatch shuffler and the prompt sampler."""
-    state = {"torch_rng": torch.get_rng_state(), "shuffle_rng": trainer.shuffle_generator.get_state(),
-             "python_rng": trainer.rng.getstate()}
+    streams = {"torch_rng": torch.get_rng_state(), "shuffle_rng": state.shuffle_generator.get_state(),
+               "python_rng": state.rng.getstate()}
     accelerator = accelerator_rng_devices()
     if accelerator is not None:  # the GPU sampling stream, so a resume on GPU is exact too
-        state["device_rng"] = torch.get_device_module(accelerator[0]).get_rng_state_all()
-    return state
+        streams["device_rng"] = torch.get_device_module(accelerator[0]).get_rng_state_all()
+    return streams
 
 
-def set_rng_state(trainer: RLTrainer, state: dict) -> None:
+def set_rng_state(state: TrainingState, streams: dict) -> None:
+    """Set every random stream `rng_state` saved: torch's, and `state`'s shuffler and prompt sampler."""
     accelerator = accelerator_rng_devices()
-    if accelerator is not None and state.get("device_rng") is not None:
-        torch.get_device_module(accelerator[0]).set_rng_state_all(state["device_rng"])
-    torch.set_rng_state(state["torch_rng"])
-    trainer.shuffle_generator.set_state(state["shuffle_rng"])
-    trainer.rng.setstate(state["python_rng"])
+    if accelerator is not None and streams.get("device_rng") is not None:
+        torch.get_device_module(accelerator[0]).set_rng_state_all(streams["device_rng"])
+    torch.set_rng_state(streams["torch_rng"])
+    state.shuffle_generator.set_state(streams["shuffle_rng"])
+    state.rng.setstate(streams["python_rng"])
 
 
 def check_state(info, path: Path) -> None:
@@ -384,23 +427,23 @@ def _brief(value) -> str:
     return text if len(text) <= 60 else text[:60] + "..."
 
 
-def _read(trainer: RLTrainer, path: Path, allowed: set = frozenset()) -> dict:
+def _read(models: Models, config, output_dir: Path, path: Path, allowed: set = frozenset()) -> dict:
     """Every file of one checkpoint, verified and read into memory (raises if any is damaged;
     `ForeignCheckpointError` for another run's)."""
     info = json.loads((path / "state.json").read_text())
     check_state(info, path)  # first: a value out of range is named more exactly than a changed digest
     verify_digests(path, info)
-    check_identity(trainer, path, info, allowed)  # not damage: refused, never skipped
-    sharding.check_resume_layout(info, trainer.config, path)  # not damage: refused, never skipped
+    check_identity(config, output_dir, path, info, allowed)  # not damage: refused, never skipped
+    sharding.check_resume_layout(info, config, path)  # not damage: refused, never skipped
     state = torch.load(path / "trainer_state.pt", weights_only=True)
     check_finite_state(state, path / "trainer_state.pt")
     saved = {"info": info, "step": int(info["step"]), "kl_controller": info["kl_controller"], "trainer": state}
     check_safetensors(path / "policy")
-    if trainer.value_model is not None:
+    if models.value_model is not None:
         check_safetensors(path / "value")
-    if sharding.sharded(trainer.config) and not (path / SHARDED / ".metadata").is_file():
+    if sharding.sharded(config) and not (path / SHARDED / ".metadata").is_file():
         raise FileNotFoundError(f"{path / SHARDED}: no sharded training state")
-    if _moving_reference(trainer) and not sharding.sharded(trainer.config):
+    if _moving_reference(models, config) and not sharding.sharded(config):
         from safetensors.torch import load_file
 
         load_file(str(path / "reference.safetensors"))  # raises when missing or damaged
@@ -411,60 +454,62 @@ def _read(trainer: RLTrainer, path: Path, allowed: set = frozenset()) -> dict:
     return saved
 
 
-def _apply(trainer: RLTrainer, path: Path, saved: dict) -> None:
+def _apply(models: Models, state: TrainingState, config, path: Path, saved: dict) -> None:
     # The learning rate, eps and weight decay of this config: an optimizer's state dict
     # carries the saved ones, and a resume allowed to change them must use the new ones.
     settings = [[{k: g[k] for k in ("initial_lr", "eps", "weight_decay")} for g in s.optimizer.param_groups]
-                for s in trainer.schedulers]
-    state = saved["trainer"]
-    if sharding.sharded(trainer.config):
-        sharding.load_sharded(trainer, path / SHARDED)
+                for s in models.optimizers.schedulers]
+    trainer_state = saved["trainer"]
+    if sharding.sharded(config):
+        reference = models.ref_policy if _moving_reference(models, config) else None
+        sharding.load_sharded(path / SHARDED, models.policy, models.value_model, models.optimizers.all(), reference)
     else:
-        _load_whole(trainer, path, state)
-    _apply_rest(trainer, saved, state, settings)
+        _load_whole(models, config, path, trainer_state)
+    _apply_rest(models, state, config, saved, trainer_state, settings)
 
 
-def _load_whole(trainer: RLTrainer, path: Path, state: dict) -> None:
+def _load_whole(models: Models, config, path: Path, trainer_state: dict) -> None:
     """Weights and optimizer state of unsharded models (one process, or DDP)."""
+    optimizers = models.optimizers
     try:
-        load_policy_weights(trainer.accelerator.unwrap_model(trainer.policy), path / "policy")
-        if trainer.value_model is not None:
-            load_value_weights(trainer.accelerator.unwrap_model(trainer.value_model), path / "value")
-        if _moving_reference(trainer):
+        load_policy_weights(models.policy_module, path / "policy")
+        if models.value_model is not None:
+            load_value_weights(models.value_module, path / "value")
+        if _moving_reference(models, config):
             from safetensors.torch import load_model
 
-            load_model(_reference_module(trainer), str(path / "reference.safetensors"))
-        trainer.policy_optimizer.load_state_dict(state["policy_optimizer"])
-        if trainer.value_optimizer is not None:
-            trainer.value_optimizer.load_state_dict(state["value_optimizer"])
+            load_model(_reference_module(models), str(path / "reference.safetensors"))
+        optimizers.policy.load_state_dict(trainer_state["policy_optimizer"])
+        if optimizers.value is not None:
+            optimizers.value.load_state_dict(trainer_state["value_optimizer"])
     except (RuntimeError, ValueError, KeyError, TypeError) as error:
         raise run_dir.RunDirectoryError(f"{path}: does not fit the model and optimizer this config builds "
                                         f"({type(error).__name__}: {error})") from None
 
 
-def _apply_rest(trainer: RLTrainer, saved: dict, state: dict, settings: list) -> None:
+def _apply_rest(models: Models, state: TrainingState, config, saved: dict, trainer_state: dict, settings: list) -> None:
     """Schedulers, RNG streams and the loop's own state."""
-    for scheduler, scheduler_state, groups in zip(trainer.schedulers, state["schedulers"], settings):
+    for scheduler, scheduler_state, groups in zip(models.optimizers.schedulers, trainer_state["schedulers"], settings):
         scheduler.load_state_dict(scheduler_state)
         scheduler.base_lrs = [g["initial_lr"] for g in groups]
         for group, setting in zip(scheduler.optimizer.param_groups, groups):
             group.update(setting, lr=setting["initial_lr"] * scheduler.lr_lambdas[0](scheduler.last_epoch))
     info = saved["info"]
     if distributed.is_main_process():
-        set_rng_state(trainer, state)
+        set_rng_state(state, trainer_state)
     elif "rank_rng" in saved:
-        set_rng_state(trainer, saved["rank_rng"])
+        set_rng_state(state, saved["rank_rng"])
     else:
-        seed = distributed.rank_seed(trainer.config.seed + info["step"], distributed.rank())
-        set_rng_state(trainer, {"torch_rng": torch.manual_seed(seed).get_state(),
-                                "shuffle_rng": torch.Generator().manual_seed(seed).get_state(),
-                                "python_rng": random.Random(seed).getstate()})
-    trainer.step = saved["step"]
-    trainer.kl_controller.load_state_dict(saved["kl_controller"])
-    trainer.entropy_control.coef = info.get("entropy_coef", trainer.entropy_control.coef)
-    trainer.entropy_control.last_entropy = info.get("entropy_last", trainer.entropy_control.last_entropy)
-    trainer.prompt_pool.retired = set(info.get("retired_prompts", []))
-    trainer.samples_generated = info.get("samples_generated", trainer.step * trainer.config.rollout_batch_size)
+        seed = distributed.rank_seed(config.seed + info["step"], distributed.rank())
+        set_rng_state(state, {"torch_rng": torch.manual_seed(seed).get_state(),
+                              "shuffle_rng": torch.Generator().manual_seed(seed).get_state(),
+                              "python_rng": random.Random(seed).getstate()})
+    state.step = saved["step"]
+    state.kl_controller.load_state_dict(saved["kl_controller"])
+    state.entropy_control.coef = info.get("entropy_coef", state.entropy_control.coef)
+    state.entropy_control.last_entropy = info.get("entropy_last", state.entropy_control.last_entropy)
+    state.prompt_pool.retired = set(info.get("retired_prompts", []))
+    state.samples_generated = info.get("samples_generated", state.step * config.rollout_batch_size)
 
 
 def check_safetensors(path: Path) -> None:

@@ -21,6 +21,7 @@ import functools
 import math
 import time
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,6 +30,9 @@ from gae import compute_gae
 from ppo.parallel import distributed
 from ppo.algorithm.filtering import zero_advantage_groups
 from ppo.algorithm.losses import explained_variance, group_shares, token_loss_weights
+
+if TYPE_CHECKING:
+    from ppo.run.checkpoints import TrainingState
 
 
 class PhaseTimer:
@@ -117,15 +121,17 @@ class UpdateTally:
         return averaged
 
 
-def step_metrics(trainer, batch, buffer, *, token_rewards, kl, kl_k1, kl_sampling, finite, kept,
-                 scalars: dict) -> dict:
+def step_metrics(config, state: TrainingState, timer: PhaseTimer, batch, buffer, *, token_rewards, kl, kl_k1, kl_sampling, finite,
+                 kept, skip_empty_rows: bool, lr: float, scalars: dict) -> tuple[dict, list[dict]]:
     """This step's metrics, each a mean over the global batch (one all-reduce for all of
-    them), plus the decoded samples of every rank, kept on ``trainer.last_samples`` for
-    samples.jsonl.
+    them), and the decoded samples of every rank (for samples.jsonl).
 
+    `state` is the run's `ppo.run.checkpoints.TrainingState` before the step is counted (its
+    ``samples_generated`` grows by this step's responses), `timer` the step's phase times;
     `batch` is the step's `ScoredBatch`, `buffer` its `ExperienceBuffer`; the KL tensors are
-    ``[B, T]`` (NaN metrics when there is no reference model: beta = 0 measures no KL)."""
-    cfg = trainer.config
+    ``[B, T]`` (NaN metrics when there is no reference model: beta = 0 measures no KL);
+    `lr` is the policy's learning rate, `scalars` the step's other numbers, logged as they are."""
+    cfg = config
     rollout, correct = batch.rollout, batch.correct
     response_mask, advantages = buffer["response_mask"], buffer["advantages"]
     values = buffer.tensors.get("values")
@@ -147,8 +153,8 @@ def step_metrics(trainer, batch, buffer, *, token_rewards, kl, kl_k1, kl_samplin
         means.add("prompt_truncated_frac", rollout.prompt_truncated.float())
     no_ref = None if has_ref else torch.zeros((), device=kl.device)
     means.add("kl_k1_sampling", kl_sampling.sum(-1), no_ref)
-    _add_incorrect_length_weights(means, cfg, lengths, correct, response_mask, trainer.skip_empty_rows)
-    if trainer.reward_model is not None:
+    _add_incorrect_length_weights(means, cfg, lengths, correct, response_mask, skip_empty_rows)
+    if cfg.reward_model_path:  # a reward model scores: the task's own score is the gold
         means.add("gold_score", batch.task_scores)
     if values is not None:
         means.add("value_mean", values, response_mask)
@@ -159,26 +165,25 @@ def step_metrics(trainer, batch, buffer, *, token_rewards, kl, kl_k1, kl_samplin
         means.add("kept_group_frac", kept.float())
     means.add_weighted("sampling_rounds", float(batch.rounds), 1.0)
     responses_generated = float(distributed.global_sum(torch.tensor(float(batch.responses_generated))))
-    trainer.samples_generated += int(responses_generated)
-    for name, seconds in trainer.timer.seconds.items():
+    state.samples_generated += int(responses_generated)
+    for name, seconds in timer.seconds.items():
         means.add_weighted(f"time_{name}", seconds, 1.0)
-    means.add_weighted("time_step", time.perf_counter() - trainer.timer.step_start, 1.0)
-    metrics = {"step": trainer.step + 1, **means.result(), **scalars, "responses_generated": responses_generated,
-               "samples_generated": trainer.samples_generated,
-               "lr": trainer.policy_optimizer.param_groups[0]["lr"]}
+    means.add_weighted("time_step", time.perf_counter() - timer.step_start, 1.0)
+    metrics = {"step": state.step + 1, **means.result(), **scalars, "responses_generated": responses_generated,
+               "samples_generated": state.samples_generated, "lr": lr}
     if cfg.retire_mastered:
-        metrics["retired_prompts"] = len(trainer.prompt_pool.retired)
+        metrics["retired_prompts"] = len(state.prompt_pool.retired)
     metrics.update(per_level_advantage(batch.problems, advantages, response_mask))
     if values is not None:
         metrics["explained_variance"] = explained_variance(values, buffer["returns"], response_mask,
                                                            reduce_sum=distributed.global_sum)
-    trainer.last_samples = distributed.gather_objects([
-        {"step": trainer.step + 1, "rank": distributed.rank(), "prompt": p.prompt, "response": t, "score": float(s),
+    samples = distributed.gather_objects([
+        {"step": state.step + 1, "rank": distributed.rank(), "prompt": p.prompt, "response": t, "score": float(s),
          "correct": bool(c), "has_eos": bool(e)}
         for p, t, s, c, e in list(zip(batch.problems, batch.texts, batch.raw_scores.tolist(), correct.tolist(),
                                       rollout.has_eos.tolist()))[: cfg.log_samples]
     ])
-    return metrics
+    return metrics, samples
 
 
 def _add_incorrect_length_weights(means, cfg, lengths, correct, response_mask, skip_empty_rows: bool) -> None:

@@ -88,12 +88,14 @@ def render(config: PPOConfig, step: int, base_model: str | None, latest_eval: tu
     return "\n".join(lines) + "\n"
 
 
-def write(folder: Path, trainer) -> Path:
-    """Write ``folder/README.md`` for the policy `trainer` holds now (main process)."""
+def write(folder: Path, config: PPOConfig, step: int, base_model: str | None,
+          latest_eval: tuple[int, dict] | None) -> Path:
+    """Write ``folder/README.md`` for the policy of the run `config` after `step` steps, started
+    from `base_model` (None: passed in as an object), with its latest held-out evaluation
+    ``(step, metrics)`` if any (main process)."""
     from ppo.parallel import distributed
 
-    record = collect(trainer.model_path, trainer.config.threads, distributed.world_size())
+    record = collect(base_model, config.threads, distributed.world_size())
     path = Path(folder) / "README.md"
-    path.write_text(render(trainer.config, trainer.step, trainer.model_path, trainer.latest_eval, record),
-                    encoding="utf-8")
+    path.write_text(render(config, step, base_model, latest_eval, record), encoding="utf-8")
     return path

@@ -16,7 +16,7 @@ import re
 import statistics
 from pathlib import Path
 
-from .stats import mean_ci95, paired_difference
+from ablations.stats import mean_ci95, paired_difference
 
 FIRST_TIMED_STEP = 5  # medians over steps 5..N (1-based): the first steps warm caches up
 

@@ -6,7 +6,7 @@ testbed's tokenizer and arithmetic prompts) in its own process, so peak resident
 by tensor: policy weights, a reference copy, gradients and AdamW's moments. On a GPU the
 CUDA allocator's peak is reported too.
 
-    python -m ablations.memory [--hidden 512 --layers 8] [--steps 2] [--lora-r 8]
+    python -m ppo.benchmarks memory [--hidden 512 --layers 8] [--steps 2] [--lora-r 8]
 """
 
 from __future__ import annotations
@@ -32,13 +32,14 @@ def _tensor_bytes(tensors) -> int:
     return total
 
 
-def state_bytes(trainer) -> dict[str, int]:
-    """Bytes held by the policy, the reference, the gradients and the optimizer state."""
+def state_bytes(models) -> dict[str, int]:
+    """Bytes held by the policy, the reference, the gradients and the optimizer state of a
+    run's `models` (`ppo.models.setup.Models`)."""
     from ppo.models.lora import AdapterDisabledReference
 
-    policy = trainer.accelerator.unwrap_model(trainer.policy)
-    reference = trainer.ref_policy
-    optimizer_state = [value for optimizer in (trainer.policy_optimizer, trainer.value_optimizer) if optimizer
+    policy = models.policy_module
+    reference = models.ref_policy
+    optimizer_state = [value for optimizer in models.optimizers.all()
                        for state in optimizer.state.values() for value in state.values()
                        if torch.is_tensor(value) and value.dim() > 0]
     trainable = [p for p in policy.parameters() if p.requires_grad]
@@ -68,7 +69,7 @@ def child(spec: dict) -> dict:
         torch.cuda.reset_peak_memory_stats()
     for _ in range(spec["steps"]):
         trainer.train_step()
-    result = {"lora_r": spec["lora_r"], **state_bytes(trainer),
+    result = {"lora_r": spec["lora_r"], **state_bytes(trainer.models),
               "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
     if torch.cuda.is_available():
         result["peak_cuda_mb"] = torch.cuda.max_memory_allocated() / 2**20
@@ -95,7 +96,7 @@ def compare(hidden: int = 512, layers: int = 8, steps: int = 2, lora_r: int = 8,
         for rank in (0, lora_r):
             spec = dict(model_dir=str(model_dir), output_dir=str(Path(tmp) / f"run_r{rank}"), steps=steps,
                         lora_r=rank, threads=threads, batch=batch, response_length=response_length)
-            done = subprocess.run([sys.executable, "-m", "ablations.memory", "--child", json.dumps(spec)],
+            done = subprocess.run([sys.executable, "-m", "ppo.benchmarks", "memory", "--child", json.dumps(spec)],
                                   capture_output=True, text=True, check=True)
             results.append(json.loads(done.stdout.strip().splitlines()[-1]))
     return results
@@ -115,7 +116,7 @@ def format_table(results: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ablations.memory", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ppo.benchmarks memory", description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--steps", type=int, default=2)

@@ -27,7 +27,7 @@ of the step is elementwise work and plumbing). A second table keeps the per-phas
 each phase's time in the step next to the same model call timed alone on the same batch
 (an optimizer step on a copy included), which shows the loop's own glue.
 
-    python -m ablations bench [--steps 8] [--presets alpacafarm grpo] [--identical-work MODEL_DIR]
+    python -m ppo.benchmarks bench [--steps 8] [--presets alpacafarm grpo] [--identical-work MODEL_DIR]
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from ppo.algorithm.dynamic_sampling import select_rollout
 from ppo.models.logprobs import response_logprobs, response_logprobs_and_values, response_values
 from ppo.models.optimization import adamw_kernel
 
-from .tables import markdown_table
+from ablations.tables import markdown_table
 
 PRODUCT_STEPS = 3  # steps after the timed ones whose matrix products are read off the profiler
 PHASES = ("generate", "score", "policy_forward", "reference_forward", "value_forward", "rewards", "advantages", "update")
@@ -145,28 +145,29 @@ def sequence_flops(model, rollout, backward: bool) -> int:
     return full - every_prompt + _counted(model, [(prompt, len(prompt)) for prompt in distinct.values()], backward)
 
 
-def _old_pass_rows(trainer, rollout):
-    """The rows the old-policy and old-critic passes run over: with `reuse_update_forward`,
-    all but the update's first micro-batch (whose own forward gives them; any rows of that
-    count stand for it here)."""
-    if not trainer.passes.reuses_update_forward:
+def _old_pass_rows(passes, rollout):
+    """The rows the old-policy and old-critic passes run over: with `reuse_update_forward`
+    (`passes` is the run's `ppo.models.forward_passes.ForwardPasses`), all but the update's
+    first micro-batch (whose own forward gives them; any rows of that count stand for it here)."""
+    if not passes.reuses_update_forward:
         return rollout
-    return select_rollout(rollout, torch.arange(trainer.micro_batch_size(len(rollout)), len(rollout)))
+    return select_rollout(rollout, torch.arange(passes.micro_batch_size(len(rollout)), len(rollout)))
 
 
-def floor_flops(trainer, rollout) -> dict[str, int]:
-    """FLOPs of the passes one step of `trainer`'s config cannot avoid, on `rollout`."""
-    cfg = trainer.config
-    policy = trainer.policy_module
-    critic = trainer.accelerator.unwrap_model(trainer.value_model) if trainer.value_model is not None else None
+def floor_flops(config, models, passes, rollout) -> dict[str, int]:
+    """FLOPs of the passes one step of `config` cannot avoid, on `rollout`; `models` are the
+    run's (`ppo.models.setup.Models`), `passes` its forward passes."""
+    cfg = config
+    policy = models.policy_module
+    critic = models.value_module
     # Generation runs every real token but the last once (the same count as a scoring pass).
     policy_forward = sequence_flops(policy, rollout, backward=False)
     flops = {"generate": policy_forward}
-    if trainer.ref_policy is not None:
+    if models.ref_policy is not None:
         flops["reference_forward"] = policy_forward  # the same architecture and tokens
     optimizer_steps = cfg.ppo_epochs * cfg.num_minibatches
     if critic is not None and optimizer_steps > 1:  # the old values: the first micro-batch's come from its update pass
-        flops["value_forward"] = sequence_flops(critic, _old_pass_rows(trainer, rollout), backward=False)
+        flops["value_forward"] = sequence_flops(critic, _old_pass_rows(passes, rollout), backward=False)
     update = cfg.ppo_epochs * sequence_flops(policy, rollout, backward=True)
     if critic is not None:
         update += cfg.ppo_epochs * sequence_flops(critic, rollout, backward=True)
@@ -251,15 +252,15 @@ class ProductTimer:
         return False
 
 
-def step_products(trainer, steps: int) -> dict[str, float]:
-    """The matrix products of `steps` more training steps (median per step): their time
+def step_products(train_step, steps: int) -> dict[str, float]:
+    """The matrix products of `steps` more calls of `train_step` (median per step): their time
     (``seconds``), FLOPs and calls. Where these exceed the floor's FLOPs the step runs work
     the floor leaves out (padding of sampling rows, the old policy's pass with several epochs);
     where their time exceeds the floor the products run below the best shape's rate."""
     per_step = []
     for _ in range(steps):
         with ProductTimer() as timer:
-            trainer.train_step()
+            train_step()
         per_step.append(timer)
     return {"seconds": statistics.median(t.seconds for t in per_step),
             "flops": statistics.median(t.flops for t in per_step),
@@ -267,35 +268,36 @@ def step_products(trainer, steps: int) -> dict[str, float]:
 
 
 # ---- model calls alone (the second table) --------------------------------------------------------
-def calls_alone(trainer, rollout) -> dict[str, float]:
-    """Each model call of one step timed alone on the step's own batch (seconds)."""
-    cfg = trainer.config
-    policy = trainer.policy_module
+def calls_alone(config, models, passes, rollout) -> dict[str, float]:
+    """Each model call of one step of `config` timed alone on the step's own batch (seconds);
+    `models` are the run's (`ppo.models.setup.Models`), `passes` its forward passes."""
+    cfg = config
+    policy = models.policy_module
     from ppo.models.rollout import generate
 
     times = {}
-    prompts = trainer.tokenizer.batch_decode(rollout.query_ids, skip_special_tokens=True)
-    times["generate"] = _timed(lambda: generate(policy, trainer.tokenizer, prompts, cfg.response_length,
-                                                temperature=cfg.temperature, stop_token_ids=trainer.stop_token_ids))
+    prompts = models.tokenizer.batch_decode(rollout.query_ids, skip_special_tokens=True)
+    times["generate"] = _timed(lambda: generate(policy, models.tokenizer, prompts, cfg.response_length,
+                                                temperature=cfg.temperature, stop_token_ids=models.stop_token_ids))
     args = (rollout.query_ids, rollout.query_mask, rollout.response_ids, rollout.response_mask)
-    old = _old_pass_rows(trainer, rollout)
+    old = _old_pass_rows(passes, rollout)
     old_args = (old.query_ids, old.query_mask, old.response_ids, old.response_mask)
     with torch.no_grad():
         if len(old):
             times["policy_forward"] = _timed(lambda: response_logprobs(policy, *old_args))
-        if trainer.ref_policy is not None:
-            times["reference_forward"] = _timed(lambda: response_logprobs(trainer.ref_policy, *args))
-        if trainer.value_model is not None and len(old):
-            times["value_forward"] = _timed(lambda: response_values(trainer.value_model, *old_args))
+        if models.ref_policy is not None:
+            times["reference_forward"] = _timed(lambda: response_logprobs(models.ref_policy, *args))
+        if models.value_model is not None and len(old):
+            times["value_forward"] = _timed(lambda: response_values(models.value_model, *old_args))
     # The update on copies: forward + backward per micro-batch, an AdamW step per minibatch.
     # one deepcopy of both, so a paired policy's copy is paired with the critic's (PPOConfig.paired_critic_pass);
     # copying stores each parameter on its own, so the copies are paired again to share one storage, as `pair` keeps them
-    policy_copy, critic_copy = copy.deepcopy((policy, trainer.value_model))
+    policy_copy, critic_copy = copy.deepcopy((policy, models.value_model))
     if critic_copy is not None and lean_forward.paired_critic(policy_copy, critic_copy):
         lean_forward.pair(policy_copy, critic_copy)
     params = list(policy_copy.parameters()) + (list(critic_copy.parameters()) if critic_copy is not None else [])
     optimizer = torch.optim.AdamW(params, lr=1e-12, **adamw_kernel([policy_copy, critic_copy]))  # the trainer's kernel
-    micro = max(1, trainer.micro_batch_size(len(rollout)))
+    micro = max(1, passes.micro_batch_size(len(rollout)))
 
     def update():
         for _ in range(cfg.ppo_epochs * cfg.num_minibatches):
@@ -337,13 +339,13 @@ def bench_config(name: str, config, task=None, steps: int = 8, warmup: int = 2,
         step_times.append(metrics["time_step"])
         for phase in PHASES:
             phase_times[phase].append(metrics.get(f"time_{phase}", 0.0))
-        for key, value in floor_flops(trainer, captured["rollout"]).items():
+        for key, value in floor_flops(trainer.config, trainer.models, trainer.passes, captured["rollout"]).items():
             flops[key].append(value)
-        for key, value in calls_alone(trainer, captured["rollout"]).items():
+        for key, value in calls_alone(trainer.config, trainer.models, trainer.passes, captured["rollout"]).items():
             alone[key].append(value)
     # a few more steps with their products read off the profiler (CPU kernels: elsewhere a
     # kernel's own time on the host is not its time on the device)
-    products = step_products(trainer, product_steps) if trainer.device.type == "cpu" else None
+    products = step_products(trainer.train_step, product_steps) if trainer.device.type == "cpu" else None
     tokens = int(captured["rollout"].query_mask.sum() + captured["rollout"].response_mask.sum())
     throughput = matmul_throughput(trainer.policy_module, tokens)
     flops_median = {k: statistics.median(v) for k, v in flops.items()}
@@ -399,11 +401,11 @@ def format_bench(results: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ablations bench", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ppo.benchmarks bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=8, help="timed steps per setting (after warm-up steps)")
     parser.add_argument("--presets", nargs="*", default=["alpacafarm", "grpo"], help="testbed presets")
     parser.add_argument("--identical-work", metavar="MODEL_DIR", default=None,
-                        help="also the GRPO and PPO work of `python -m ablations speed`, from this model")
+                        help="also the GRPO and PPO work of `python -m ppo.benchmarks speed`, from this model")
     args = parser.parse_args(argv)
     results = [bench_preset(name, args.steps) for name in args.presets]
     if args.identical_work:

@@ -1,4 +1,4 @@
-"""The task `ablations.speed` times both libraries on: 2-digit addition and its tiny GPT-2.
+"""The task `ppo.benchmarks.speed` times both libraries on: 2-digit addition and its tiny GPT-2.
 
 A 0.8M-parameter character-level GPT-2 (4 layers, width 128, vocabulary 18, 32 positions),
 SFT'd on 2-digit addition ("12+35=" -> "47<eos>", pairs 10..99, 500 held out) until its

@@ -14,11 +14,11 @@ greedy exact match reaches 0.35, then
 
 Commands::
 
-    python -m ablations speed model [--out DIR]            # build + SFT the task's model
-    python -m ablations speed run --kind grpo --seed 42     # one project run, per-step times
-    python -m ablations speed compare --peer-dir DIR --peer-python PY --peer-python-ppo PY
+    python -m ppo.benchmarks speed model [--out DIR]            # build + SFT the task's model
+    python -m ppo.benchmarks speed run --kind grpo --seed 42     # one project run, per-step times
+    python -m ppo.benchmarks speed compare --peer-dir DIR --peer-python PY --peer-python-ppo PY
                                       [--seeds 42 43 44] [--steps 50] [--kinds grpo ppo] [--out FILE]
-    python -m ablations speed pool BATCH... [--plot PNG]   # several compare batches pooled (and drawn)
+    python -m ppo.benchmarks speed pool BATCH... [--plot PNG]   # several compare batches pooled (and drawn)
 
 ``compare`` alternates runs of the two systems (peer first for one seed, project first for
 the next), each in a fresh process, and reports the median seconds per step over steps
@@ -67,7 +67,7 @@ def _parse_overrides(items: list[str]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ablations speed", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m ppo.benchmarks speed", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     model = sub.add_parser("model", help="build and SFT the task's model")
     model.add_argument("--out", default=".cache/speed/tiny-sft")

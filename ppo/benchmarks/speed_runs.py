@@ -1,5 +1,5 @@
 """Running a batch: one project run timed step by step, the peer's runs, and `compare`
-alternating the two systems seed by seed (see `ablations.speed` for the work each does).
+alternating the two systems seed by seed (see `ppo.benchmarks.speed` for the work each does).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ KINDS = ("grpo", "ppo")
 
 # ---- one run of this project --------------------------------------------------------------
 def config_for(kind: str, model_path: str, seed: int, steps: int, output_dir: str, **overrides):
-    """The project's `PPOConfig` for the fixed work `kind` (see the `ablations.speed` docstring)."""
+    """The project's `PPOConfig` for the fixed work `kind` (see the `ppo.benchmarks.speed` docstring)."""
     from ppo.config import PPOConfig
 
     common = dict(model_path=model_path, seed=seed, total_steps=steps, output_dir=output_dir, device="cpu",
@@ -69,8 +69,7 @@ def run_project(kind: str, model_path: str, seed: int, steps: int, output_dir: s
     result = {"system": "project", "kind": kind, "seed": seed, "steps": steps, "step_times_all": step_times,
               "train_seconds": wall}
     if evaluate_after:
-        policy = trainer.accelerator.unwrap_model(trainer.policy)
-        metrics = evaluate(policy, trainer.tokenizer, trainer.task, max_new_tokens=8, batch_size=500, seed=1234)
+        metrics = evaluate(trainer.policy_module, trainer.tokenizer, trainer.task, max_new_tokens=8, batch_size=500, seed=1234)
         result.update(after_test_greedy_acc=metrics["greedy_accuracy"],
                       after_test_sample_t1_acc=metrics["sampled_accuracy"])
     return result
@@ -102,7 +101,7 @@ def run_project_subprocess(kind: str, seed: int, steps: int, model_path: str, ev
                            overrides: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        command = [sys.executable, "-m", "ablations", "speed", "run", "--kind", kind, "--seed", str(seed),
+        command = [sys.executable, "-m", "ppo.benchmarks", "speed", "run", "--kind", kind, "--seed", str(seed),
                    "--steps", str(steps), "--model", model_path, "--json", str(out)]
         command += ["--evaluate"] if evaluate_after else []
         for override in overrides:

@@ -10,10 +10,12 @@
 - Every code location cited in README.md and the pages under docs/ exists: a path into this
   repository (`ppo/trainer.py`, a link to it, `tests/test_x.py::test_y`), each name cited
   right after a Python file (`ppo/trainer.py` `RLTrainer._advantages`, or
-  `ppo/trainer.py: name`) as a definition in that file, a dotted name
+  `ppo/trainer.py: name`) as a definition in that file, `Class.attribute` of a project class
+  cited alone (`RLTrainer._update`) as something the class has, a dotted name
   (`ppo.algorithm.losses.aggregate`) importable, and `python -m MODULE` a module.
-- Each checker fails on a planted wrong location (the self-tests at the end).
 - Every page that cites "the N+ implementation details" links the paper at its first citation.
+- docs/alpacafarm.md's "Our field = value" column quotes `preset("alpacafarm")`.
+- Each checker fails on a planted wrong location (the self-tests at the end).
 
 tests/test_docs.py checks the catalogue's rows against `PPOConfig` and the presets, and that
 relative links resolve; this file checks what the docs say about where the code is. The
@@ -45,11 +47,15 @@ N_PLUS_PAPER = "arxiv.org/abs/2403.17031"  # Huang et al. 2024, "The N+ Implemen
 
 # ---- the repository's folders ---------------------------------------------------------------
 
+@lru_cache(maxsize=None)
+def _ignore_patterns() -> tuple[str, ...]:
+    return tuple(line.strip().rstrip("/") for line in (ROOT / ".gitignore").read_text().splitlines()
+                 if line.strip() and not line.startswith("#"))
+
+
 def _ignored(name: str) -> bool:
     """A name .gitignore leaves out (run outputs, builds, caches), or a hidden one."""
-    patterns = [line.strip().rstrip("/") for line in (ROOT / ".gitignore").read_text().splitlines()
-                if line.strip() and not line.startswith("#")]
-    return name.startswith(".") or any(fnmatch.fnmatch(name, pattern) for pattern in patterns)
+    return name.startswith(".") or any(fnmatch.fnmatch(name, pattern) for pattern in _ignore_patterns())
 
 
 def repository_folders() -> set[str]:
@@ -380,15 +386,16 @@ def _clean_name(name: str) -> str | None:
     return name if _IDENTIFIER.match(name) else None
 
 
-def cited_names(text: str, start: int) -> list[str]:
-    """The names cited right after a path that ends at `start`: inline-code spans separated by
-    commas, 'and' or 'or', optionally after a colon; a parenthesis right after the path may
-    hold the list (``policy.py (`left_pad`, `prepare_tokenizer`)``), one after a name holds its
-    arguments or a note and is skipped."""
-    names = []
+def name_chain(text: str, start: int) -> tuple[list[str], int]:
+    """The names cited right after a path that ends at `start`, and where their list ends:
+    inline-code spans separated by commas, 'and' or 'or', optionally after a colon; a
+    parenthesis right after the path may hold the list (``policy.py (`left_pad`, `prepare_tokenizer`)``),
+    one after a name holds its arguments or a note and is skipped."""
+    names: list[str] = []
     arguments = _ARGUMENTS.match(text, start)
     if arguments and _NAME_LIST.match(arguments["inside"].strip()):
-        return [name for name in map(_clean_name, re.findall(r"`([^`]+)`", arguments["inside"])) if name]
+        listed = [name for name in map(_clean_name, re.findall(r"`([^`]+)`", arguments["inside"])) if name]
+        return listed, arguments.end()
     position = start
     colon = re.match(r"\s*:", text[position:])
     if colon:
@@ -396,10 +403,10 @@ def cited_names(text: str, start: int) -> list[str]:
     while True:
         span = _NAME_SPAN.match(text, position)
         if not span or "\n\n" in text[position:span.start("name")]:
-            return names
+            return names, position
         name = _clean_name(span["name"])
         if name is None:
-            return names
+            return names, position
         names.append(name)
         position = span.end()
         arguments = _ARGUMENTS.match(text, position)
@@ -407,8 +414,13 @@ def cited_names(text: str, start: int) -> list[str]:
             position = arguments.end()
         separator = _SEPARATOR.match(text, position)
         if not separator:
-            return names
+            return names, position
         position = separator.end()
+
+
+def cited_names(text: str, start: int) -> list[str]:
+    """The names `name_chain` reads after a path that ends at `start`."""
+    return name_chain(text, start)[0]
 
 
 def _without_links(text: str) -> str:
@@ -445,6 +457,46 @@ def _packages() -> set[str]:
     return {path.parent.name for path in ROOT.glob("*/__init__.py")}
 
 
+@lru_cache(maxsize=None)
+def project_classes() -> dict[str, list[ast.ClassDef]]:
+    """Class name -> its definitions in the project's packages."""
+    classes: dict[str, list[ast.ClassDef]] = {}
+    for package in sorted(_packages()):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(_module_tree(path)):
+                if isinstance(node, ast.ClassDef):
+                    classes.setdefault(node.name, []).append(node)
+    return classes
+
+
+@lru_cache(maxsize=None)
+def attributes_set_from_outside() -> frozenset[str]:
+    """Attribute names the project assigns on some object other than ``self``
+    (``trainer.policy_module = ...``): a class's attribute may be set where it is built."""
+    names = set()
+    for package in sorted(_packages()):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(_module_tree(path)):
+                targets = node.targets if isinstance(node, ast.Assign) else []
+                for target in targets:
+                    for element in ast.walk(target):
+                        if (isinstance(element, ast.Attribute) and isinstance(element.ctx, ast.Store)
+                                and not (isinstance(element.value, ast.Name) and element.value.id == "self")):
+                            names.add(element.attr)
+    return frozenset(names)
+
+
+def class_has(name: str, attribute: str, seen: tuple[str, ...] = ()) -> bool:
+    """Whether a project class `name` (or a project class it derives from) has `attribute`."""
+    for node in project_classes().get(name, []):
+        if attribute in _class_names(node):
+            return True
+        for base in node.bases:
+            if isinstance(base, ast.Name) and base.id not in seen and class_has(base.id, attribute, seen + (name,)):
+                return True
+    return False
+
+
 def location_problems(text: str) -> list[str]:
     """Every code location `text` cites that does not exist, as ``line N: what``."""
     problems: list[tuple[int, str]] = []
@@ -470,6 +522,16 @@ def location_problems(text: str) -> list[str]:
         for name in filter(None, map(_clean_name, names)):
             if not defines(source, name):
                 report(match.start(), plain, f"`{path}` has no `{name}`")
+    # `Class.attribute` of a class of this project, cited without a file; a name cited right
+    # after a file is that file's (checked above when the file is ours: another repository's
+    # `kl_controller.py` `AdaptiveKLController.step` is not).
+    after_a_file = [(match.end(), name_chain(plain, match.end())[1]) for match in _CODE_PATH.finditer(plain)
+                    if match["path"].endswith(".py") or REPO_PATH.fullmatch(match["path"])]
+    for match in re.finditer(r"`(?P<cls>[A-Z]\w*)\.(?P<attribute>[A-Za-z_]\w*)(?:\([^`]*\))?`", plain):
+        if match["cls"] not in project_classes() or any(start <= match.start() < end for start, end in after_a_file):
+            continue
+        if not class_has(match["cls"], match["attribute"]) and match["attribute"] not in attributes_set_from_outside():
+            report(match.start(), plain, f"`{match['cls']}` has no `{match['attribute']}`")
     # Dotted names and modules run with python -m.
     packages = "|".join(sorted(_packages()))
     for match in re.finditer(rf"`(?P<name>(?:{packages})(?:\.[A-Za-z_]\w*)+)`", plain):
@@ -561,7 +623,8 @@ def test_the_alpacafarm_page_quotes_the_preset():
             wrong.append(f"line {line}: `{field}` = {written} is not a Python literal")
             continue
         if not hasattr(config, field) or getattr(config, field) != value:
-            wrong.append(f"line {line}: `{field}` = {written}; preset('alpacafarm') has {getattr(config, field, None)!r}")
+            actual = getattr(config, field, "no such field")
+            wrong.append(f"line {line}: `{field}` = {written}; preset('alpacafarm') has {actual!r}")
     assert len(quoted) > 30
     assert not wrong, "docs/alpacafarm.md:\n" + "\n".join(wrong)
 
@@ -581,8 +644,11 @@ def test_a_planted_wrong_location_is_caught():
     assert location_problems("`ppo.algorithm.losses.no_such_loss` and `python -m ppo.no_such_module`") == [
         "line 1: `ppo.algorithm.losses.no_such_loss` cannot be imported",
         "line 1: `python -m ppo.no_such_module`: no such module"]
+    assert location_problems("`RLTrainer._advantages` and `ForwardPasses.no_such_pass`; `RLTrainer.policy_module`") == [
+        "line 1: `ForwardPasses` has no `no_such_pass`"]
     # Other repositories' paths and patterns are not ours to check.
-    assert location_problems("verl's `verl/trainer/ppo/core_algos.py` `compute_gae`; `tests/test_*.py`") == []
+    assert location_problems("verl's `verl/trainer/ppo/core_algos.py` `compute_gae`; `tests/test_*.py`; "
+                             "AlpacaFarm's `kl_controller.py` `AdaptiveKLController.step`") == []
 
 
 def test_a_wrong_phase_citation_is_caught():

@@ -3,7 +3,8 @@
 The config *is* the documentation: fields are grouped in the order the algorithm runs (run
 and models, rollout and difficulty filtering, rewards, KL, advantages, the update's losses,
 optimisation), then logging, devices, precision and memory, and the exact speed toggles last. Each carries a short help string with its
-source (AlpacaFarm, TRL, "The N+ Implementation Details of RLHF with PPO", DeepSeekMath,
+source (AlpacaFarm, TRL, "The N+ Implementation Details of RLHF with PPO" (Huang et al. 2024,
+arXiv:2403.17031; "N+ implementation details" in the help strings), DeepSeekMath,
 Dr. GRPO, DAPO, Kimi k1.5, ...); ``ppo-train --help`` prints them as a checklist, the long
 story of each is its row in docs/implementation-details.md, and two runs are compared by
 diffing their ``config.yaml``.

@@ -77,7 +77,7 @@ class Args:
     max_grad_norm: float = _arg(1.0, "gradient norm clip, each model on its own norm")
 
 
-# The GRPO preset's changes to the defaults above (ppo/config.py PRESETS["grpo"]).
+# The GRPO preset's changes to the defaults above (ppo/presets.py PRESETS["grpo"]).
 ALGO_DEFAULTS = {"ppo": {}, "grpo": dict(group_size=8, kl_coef=0.04, ppo_epochs=1)}
 
 

@@ -58,6 +58,7 @@ from ppo.algorithm.kl import make_kl_controller
 from ppo.algorithm.losses import critic_loss_mask, entropy_loss, kl_loss, value_loss
 from ppo.run.metrics import PhaseTimer, UpdateTally, critic_diagnostics, masked_mean, phase, step_metrics, timed_step
 from ppo.models.setup import build_models, warm_start_path
+from ppo.models.staleness import PolicyHistory
 from ppo.algorithm.policy_losses import EntropyControl, policy_loss, policy_loss_options, top_entropy_mask
 from ppo.algorithm.remax import greedy_baselines
 from ppo.algorithm.rewards import (apply_missing_eos, clip_scores, format_reward, group_kimi_length_reward, length_reward_weight,
@@ -148,8 +149,11 @@ class RLTrainer:
             entropy_control=EntropyControl(config.entropy_coef, config.entropy_target, config.entropy_coef_step))
         self.output_dir = run_dir.resolve(config.output_dir)  # as the filesystem sees it, once
         self.models = build_models(config, self.accelerator, model_path, policy, tokenizer)  # policy, ref, critic, ...
-        # generation_backend='vllm': this process's engine, else None
-        self.vllm_sampler = vllm_sampler.build(config, self.policy_module, self.policy_optimizer, self.device)
+        # rollout_staleness = k: rollouts sampled by the weights of k steps earlier, kept exactly
+        self.state.policy_history = PolicyHistory(self.policy_module, config.rollout_staleness)
+        # generation_backend='vllm': this process's engine (synced from the weights sampling uses), else None
+        self.vllm_sampler = vllm_sampler.build(config, self.state.policy_history.sampler, self.policy_optimizer,
+                                               self.device)
         self.timer = PhaseTimer()
         self.passes = ForwardPasses(self.policy, self.value_model, self.ref_policy, config, self.shuffle_generator,
                                     self.micro_batch_size, self.timer)
@@ -379,10 +383,11 @@ class RLTrainer:
         """Phases 1-2 for one round: draw `n_prompts` prompts, sample G responses each, score them."""
         cfg = self.config
         problems = [p for p in self.prompt_pool.sample(n_prompts) for _ in range(cfg.group_size)]  # [B]
-        precision = rollout_correction.sampling_autocast(cfg.sampling_precision, self.device, self.policy_module)
+        sampler = self.state.policy_history.sampling_policy(self.step)  # the policy itself, or k steps old
+        precision = rollout_correction.sampling_autocast(cfg.sampling_precision, self.device, sampler)
         sample = generate if self.vllm_sampler is None else self.vllm_sampler.generate  # generation_backend
         with self.timer("generate"), precision:  # bf16 sampling: a real sampler-trainer mismatch
-            rollout = sample(self.policy_module, self.tokenizer, [p.prompt for p in problems], cfg.response_length,
+            rollout = sample(sampler, self.tokenizer, [p.prompt for p in problems], cfg.response_length,
                              temperature=cfg.temperature, top_k=cfg.top_k, top_p=cfg.top_p,
                              return_logits=cfg.logprobs_from_generation or rollout_correction.wants_sampler_logprobs(cfg),
                              stop_token_ids=self.stop_token_ids,

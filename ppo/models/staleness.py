@@ -38,8 +38,9 @@ class PolicyHistory:
         policy: the policy being trained (unwrapped: not the DDP wrapper).
         staleness: k >= 0, how many training steps the sampling weights lag.
 
-    Call `sampling_policy(step)` once at the start of every training step, before sampling:
-    it records the policy's current weights as version `step` and returns the module to
+    Call `sampling_policy(step)` before sampling in every training step: its first call in a
+    step records the policy's current weights as version `step` (later calls in the same
+    step, e.g. dynamic sampling's further rounds, record nothing) and it returns the module to
     sample with (the policy itself when k = 0).
     """
 
@@ -70,11 +71,13 @@ class PolicyHistory:
         """Record the policy's weights as version `step`; the module to sample step `step` with."""
         if not self.staleness:
             return self.policy
-        if self.snapshots and self.snapshots[-1][0] >= step:
-            raise ValueError(f"PolicyHistory: step {step} after step {self.snapshots[-1][0]}; one call per step")
-        with torch.no_grad():
-            self.snapshots.append((step, {name: tensor.detach().clone() for name, tensor in
-                                          self.policy.state_dict().items()}))
+        newest = self.snapshots[-1][0] if self.snapshots else None
+        if newest is not None and step < newest:
+            raise ValueError(f"PolicyHistory: step {step} after step {newest}; steps only move forward")
+        if step != newest:  # the first call of this step (dynamic sampling may sample again within it)
+            with torch.no_grad():
+                self.snapshots.append((step, {name: tensor.detach().clone() for name, tensor in
+                                              self.policy.state_dict().items()}))
         version, weights = self.snapshots[0]  # step max(0, step - k): the oldest kept
         if version != self.version:
             self.sampler.load_state_dict(weights)

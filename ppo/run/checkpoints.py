@@ -62,8 +62,10 @@ if TYPE_CHECKING:
     from ppo.algorithm.kl import FixedKLController
     from ppo.algorithm.policy_losses import EntropyControl
     from ppo.models.setup import Models
+    from ppo.models.staleness import PolicyHistory
 
 SHARDED = "sharded"  # the folder of a sharded run's training state (torch.distributed.checkpoint)
+HISTORY = "policy_history.pt"  # rollout_staleness > 0: the kept weights sampling lags behind
 DIGESTS = "digests.json"  # SHA-256 of every other file of a checkpoint, written last
 # Config fields left out of a checkpoint's identity: those a resume may always change, and
 # those that change where a run reports or how fast it goes, not what it computes.
@@ -81,7 +83,10 @@ class TrainingState:
     (`ppo.algorithm.policy_losses.EntropyControl`); ``step`` counts the RL steps taken and
     ``samples_generated`` the responses generated over all ranks (dynamic sampling makes
     extra). ``latest_eval`` (step, held-out metrics) of the latest evaluation goes into the
-    model card, not into the checkpoint's state.
+    model card, not into the checkpoint's state. ``policy_history`` keeps the weights of the
+    last k steps that rollouts are sampled with under ``rollout_staleness = k``
+    (`ppo.models.staleness`), saved as ``policy_history.pt`` so a resumed run samples from
+    the same versions.
     """
 
     rng: random.Random
@@ -92,6 +97,7 @@ class TrainingState:
     step: int = 0
     samples_generated: int = 0
     latest_eval: tuple[int, dict] | None = None
+    policy_history: PolicyHistory | None = None  # rollout_staleness > 0: the weights sampling lags behind
 
 
 def save(models: Models, state: TrainingState, config, output_dir: Path) -> Path:
@@ -177,6 +183,8 @@ def _write_main(models: Models, state: TrainingState, config, tmp: Path, whole: 
         "schedulers": [s.state_dict() for s in optimizers.schedulers],
         **rng_state(state),
     }, tmp / "trainer_state.pt")
+    if state.policy_history is not None:
+        torch.save(state.policy_history.state_dict(), tmp / HISTORY)
     (tmp / "state.json").write_text(json.dumps({
         "step": state.step, "kl_controller": state.kl_controller.state_dict(),
         "model_path": models.model_path, "retired_prompts": sorted(state.prompt_pool.retired),
@@ -447,6 +455,8 @@ def _read(models: Models, config, output_dir: Path, path: Path, allowed: set = f
         from safetensors.torch import load_file
 
         load_file(str(path / "reference.safetensors"))  # raises when missing or damaged
+    if config.rollout_staleness and (path / HISTORY).exists():  # (its digest is checked above)
+        saved["policy_history"] = torch.load(path / HISTORY, weights_only=True)
     rank_file = path / f"rng_rank{distributed.rank()}.pt"
     same_world = info.get("world_size", 1) == distributed.world_size()
     if not distributed.is_main_process() and rank_file.exists() and same_world:
@@ -510,6 +520,10 @@ def _apply_rest(models: Models, state: TrainingState, config, saved: dict, train
     state.entropy_control.last_entropy = info.get("entropy_last", state.entropy_control.last_entropy)
     state.prompt_pool.retired = set(info.get("retired_prompts", []))
     state.samples_generated = info.get("samples_generated", state.step * config.rollout_batch_size)
+    history = saved.get("policy_history")
+    if state.policy_history is not None and history is not None and history.get("staleness") == config.rollout_staleness:
+        state.policy_history.load_state_dict(history)
+    # else (a resume allowed to change rollout_staleness): the lag starts again from the resumed weights
 
 
 def check_safetensors(path: Path) -> None:

@@ -225,6 +225,12 @@ def validate(config) -> None:
         bad("generation_backend", "'vllm' loads the whole policy into each process's engine after every update, and "
                                   "under sharding='fsdp' each process holds only its shard; sample with 'hf', or "
                                   "shard with sharding='none'")
+    if not isinstance(config.rollout_staleness, int) or isinstance(config.rollout_staleness, bool) \
+            or config.rollout_staleness < 0:
+        bad("rollout_staleness", "must be an integer >= 0 (training steps the sampling weights lag; 0 = on-policy)")
+    elif config.rollout_staleness and config.sharding == "fsdp":
+        bad("rollout_staleness", "keeps whole copies of the policy's weights to sample with, and under sharding='fsdp' "
+                                 "each process holds only its shard; use sharding='none' (one process or DDP)")
     if config.lora_critic and config.lora_r == 0:
         bad("lora_critic", "needs lora_r > 0 (the critic's adapters use the policy's rank and alpha)")
     refuse_inert(config)  # a setting this configuration never reads, where that is a plain mistake

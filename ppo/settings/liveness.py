@@ -159,6 +159,7 @@ PROBES: dict[str, Any] = {
     "split_special_tokens": _flip,
     "pad_to_response_length": _flip,
     "logprobs_from_generation": _flip,
+    "rollout_staleness": 1,
     "generation_backend": "vllm",
     "vllm_kv_cache_gb": 2.0,
     "vllm_gpu_memory_utilization": 0.5,

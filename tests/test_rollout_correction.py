@@ -105,8 +105,8 @@ def test_corrections_cap_the_per_token_weights_in_the_loop(tmp_path, tiny_model_
     seen = {}
     original = rollout_correction.correct
 
-    def spy(config, rollout, old_logprobs, advantages, loss_mask, temperature):
-        out = original(config, rollout, old_logprobs, advantages, loss_mask, temperature)
+    def spy(config, rollout, old_logprobs, advantages, loss_mask, *args, **kwargs):
+        out = original(config, rollout, old_logprobs, advantages, loss_mask, *args, **kwargs)
         seen.update(advantages=advantages, loss_mask=loss_mask, out=out)
         return out
 

@@ -519,3 +519,50 @@ def test_dppo_tv_equals_prime_rl_default_loss_without_its_kl_term():
     peer.backward()
     assert loss.item() == pytest.approx(peer.item(), abs=1e-6)
     torch.testing.assert_close(logprobs.grad, reference.grad, atol=1e-6, rtol=1e-6)
+
+
+# ---------------------------------------------------------------- config: refused and warned
+@pytest.mark.parametrize("settings, field", [
+    (dict(rollout_correction="token_k4"), "rollout_correction"),
+    (dict(rollout_correction="token_k3", rollout_correction_kl_threshold=0.0), "rollout_correction_kl_threshold"),
+    (dict(off_policy_mask_threshold=-0.1), "off_policy_mask_threshold"),
+    (dict(policy_loss="dppo_tv", dual_clip=3.0), "dual_clip"),
+])
+def test_nonsense_is_refused_naming_the_field(settings, field):
+    from ppo.config import PPOConfig
+
+    with pytest.raises(ValueError, match=rf"PPOConfig\.{field}:"):
+        PPOConfig(**settings)
+
+
+@pytest.mark.parametrize("settings, field, cause", [
+    # with the old log-probs taken from the sampler every ratio is 1: no correction can act
+    (dict(rollout_correction="decoupled", logprobs_from_generation=True), "rollout_correction",
+     "logprobs_from_generation=True"),
+    (dict(rollout_correction="token_mis", rollout_correction_batch_normalize=True),
+     "rollout_correction_batch_normalize", "no truncated"),
+    (dict(rollout_correction="token_tis", rollout_correction_kl_threshold=0.1), "rollout_correction_kl_threshold",
+     "reads no k2 / k3"),
+    (dict(rollout_correction="seq_mean_k3", rollout_correction_cap=3.0), "rollout_correction_cap", "k2 / k3"),
+    (dict(rollout_correction="decoupled", rollout_correction_floor=0.8), "rollout_correction_floor", "only caps"),
+    (dict(rollout_correction_kl_threshold=0.1), "rollout_correction_kl_threshold", "rollout_correction='none'"),
+])
+def test_inert_settings_are_warned_with_their_cause(settings, field, cause):
+    from ppo.config import PPOConfig
+    from ppo.settings.config_checks import inert_settings
+
+    message = dict(inert_settings(PPOConfig(**settings)))[field]
+    assert cause in message
+
+
+def test_live_settings_are_not_warned():
+    from ppo.config import PPOConfig
+    from ppo.settings.config_checks import inert_settings
+
+    for settings in (dict(rollout_correction="token_k1", rollout_correction_floor=0.8, rollout_correction_cap=1.5),
+                     dict(rollout_correction="seq_max_k2", rollout_correction_kl_threshold=0.1),
+                     dict(rollout_correction="geo_tis", rollout_correction_batch_normalize=True),
+                     dict(rollout_correction="token_icepop", rollout_correction_floor=0.8),
+                     dict(off_policy_mask_threshold=0.1, logprobs_from_generation=True),
+                     dict(policy_loss="dppo_kl", cliprange=0.05)):
+        assert not inert_settings(PPOConfig(**settings)), settings

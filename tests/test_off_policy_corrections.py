@@ -407,7 +407,8 @@ def test_decoupled_equals_areal():
 def skyrl_geometric_mask(old, rollout, mask, low, high):
     """SkyRL ``compute_sequence_mask`` with ``sequence_mask_metric="geometric"``
     (NovaSky-AI/SkyRL@a9564572 skyrl/backends/skyrl_train/utils/off_policy_correction_utils.py
-    L205-237): the geometric mean of pi_old / pi_rollout per sequence inside [low, high]."""
+    L191-254, the "geometric" branch L220-237): the geometric mean of pi_old / pi_rollout per
+    sequence inside [low, high]."""
     count = mask.sum(-1, keepdim=True).clamp(min=1.0)
     geometric = torch.exp(((old - rollout) * mask).sum(-1, keepdim=True) / count)
     return mask * (~(geometric > high) & ~(geometric < low)).float()
@@ -450,7 +451,7 @@ def test_off_policy_sequence_mask_equals_trl():
 # ---------------------------------------------------------------- DPPO
 def skyrl_dppo(logprobs, mu_logprobs, advantages, kind, delta_low, delta_high):
     """SkyRL ``dppo_policy_loss`` per token (NovaSky-AI/SkyRL@a9564572
-    skyrl/backends/skyrl_train/utils/ppo_utils.py L866-928)."""
+    skyrl/backends/skyrl_train/utils/ppo_utils.py L867-935)."""
     ratio = torch.exp((logprobs - mu_logprobs).clamp(max=20.0))
     with torch.no_grad():
         p, mu = torch.exp(logprobs), torch.exp(mu_logprobs)
@@ -469,7 +470,7 @@ def skyrl_dppo(logprobs, mu_logprobs, advantages, kind, delta_low, delta_high):
 
 def prime_rl_default_loss(trainer_logprobs, inference_logprobs, advantages, mask, low, high, kl_tau):
     """prime-rl ``default_loss_fn`` per token (PrimeIntellect-ai/prime-rl@559b4477
-    src/prime_rl/trainer/rl/loss.py L113-160), ``adv_tau=1``."""
+    src/prime_rl/trainer/rl/loss.py L109-161), ``adv_tau=1``."""
     log_ratio = trainer_logprobs - inference_logprobs
     ratio = torch.exp(log_ratio)
     diff = torch.exp(trainer_logprobs) - torch.exp(inference_logprobs)
@@ -566,3 +567,66 @@ def test_live_settings_are_not_warned():
                      dict(off_policy_mask_threshold=0.1, logprobs_from_generation=True),
                      dict(policy_loss="dppo_kl", cliprange=0.05)):
         assert not inert_settings(PPOConfig(**settings)), settings
+
+
+def test_importance_weighted_k3_under_gspo_differs_from_trl_and_the_setting_removes_it():
+    """By-design difference 5: TRL weights the k3 KL by ``coef_1``, the sequence ratio at
+    ``importance_sampling_level="sequence"`` (huggingface/trl@f2cd5771 grpo_trainer.py
+    L3055-3076); `kl_loss` here by each token's own ratio. Without the weight
+    (`kl_loss_importance_weight=False`, TRL ``use_bias_correction_kl=False``) they agree."""
+    from ppo.algorithm.losses import kl_loss
+
+    sampler, old, current, _, mask = _random_batch(10, spread=0.3)
+    ref = old - 0.2
+
+    def trl(logprobs, weighted):
+        per_token = torch.exp(ref - logprobs) - (ref - logprobs) - 1
+        if weighted:
+            sequence_log_ratio = ((logprobs - old) * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+            per_token = per_token * torch.exp(sequence_log_ratio)[:, None]
+        return (per_token * mask).sum() / mask.sum().clamp(min=1.0)
+
+    for weighted in (True, False):
+        results = []
+        for which in ("ours", "trl"):
+            logprobs = current.clone().requires_grad_(True)
+            loss = (kl_loss(logprobs, ref, mask, "k3", old_logprobs=old if weighted else None)[0] if which == "ours"
+                    else trl(logprobs, weighted))
+            loss.backward()
+            results.append((loss.detach(), logprobs.grad))
+        same = torch.allclose(results[0][0], results[1][0], atol=1e-6) and torch.allclose(
+            results[0][1], results[1][1], atol=1e-6)
+        assert same == (not weighted)
+
+
+def test_reinforce_plus_plus_baseline_against_verls_outcome_contract():
+    """By-design difference 4: verl's ``compute_reinforce_plus_plus_baseline_outcome_advantage``
+    (volcengine/verl@b178a3cd core_algos.py L425-473) broadcasts each row's total reward, minus
+    its group's mean (0 for a group of one), to every token; this codebase takes the
+    return-to-go. Outcome-only rewards (``kl_placement="loss"``) make them one (the whitening,
+    population here and Bessel-corrected in verl, is applied the same way to both below)."""
+    from gae import whiten
+    from gae.registry import reinforce_plus_plus_baseline_estimator
+
+    mask = torch.tensor([[1.0, 1, 1], [1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    outcome = torch.tensor([[0.0, 0, 1], [0, 2, 0], [0, 0, 0], [3, 0, 0]])  # the score at the last token
+    dense = outcome - 0.1 * mask  # -beta * KL on every token as well
+
+    def verl_centred(rewards, group_size):
+        totals = rewards.sum(-1)
+        groups = totals.view(-1, group_size)
+        means = groups.mean(-1, keepdim=True) if group_size > 1 else torch.zeros_like(groups)
+        return ((groups - means).view(-1)[:, None] * torch.ones_like(rewards)) * mask
+
+    ours = reinforce_plus_plus_baseline_estimator(token_rewards=outcome, response_mask=mask, group_size=2)[0]
+    torch.testing.assert_close(ours, whiten(verl_centred(outcome, 2), mask) * mask, atol=1e-6, rtol=0)
+    ours = reinforce_plus_plus_baseline_estimator(token_rewards=dense, response_mask=mask, group_size=2)[0]
+    assert not torch.allclose(ours, whiten(verl_centred(dense, 2), mask) * mask, atol=1e-3)
+    # a group of one: verl keeps the score (baseline 0); the group mean here is the score itself,
+    # every advantage 0, so the config refuses the setting instead
+    alone = reinforce_plus_plus_baseline_estimator(token_rewards=outcome, response_mask=mask, group_size=1)[0]
+    assert torch.equal(alone, torch.zeros_like(alone)) and verl_centred(outcome, 1).abs().sum() > 0
+    from ppo.config import PPOConfig
+
+    with pytest.raises(ValueError, match=r"PPOConfig\.group_size:"):
+        PPOConfig(advantage_estimator="reinforce_plus_plus_baseline", group_size=1, rollout_batch_size=4)

@@ -3,7 +3,7 @@
 AlpacaFarm's fixed-width semantics, where the critic and the score sit, the policy-loss
 family (ppo/algorithm/policy_losses.py) and the loss reductions, the critic's details (warm-up, value pretraining, decoupled
 and length-adaptive lambda, REINFORCE++, ReMax), the KL estimators' gradients, the
-sampler-trainer mismatch correction and reference refresh. Each entry is a base preset and
+sampler-trainer mismatch correction, the off-policy corrections and DPPO, and reference refresh. Each entry is a base preset and
 its variants as config overrides, like every other entry of the registry.
 """
 
@@ -180,6 +180,46 @@ register(
      Variant("token_mis", GRPO, {**_BF16_SAMPLING, "rollout_correction": "token_mis"}),
      Variant("fp32_sampling", GRPO, {**_BF16_SAMPLING, "sampling_precision": "fp32"})],
     metric="accuracy", extra_metrics=("rollout_mismatch_kl", "rollout_ratio_max", "rollout_corrected_frac"),
+)
+
+# The corrections the field adopted for off-policy data (ppo/algorithm/rollout_correction.py), on
+# GRPO that is off-policy twice: bf16 sampling against the fp32 trainer, and 2 epochs x 2
+# minibatches. bf16 moves the testbed's token log-probs by a few 1e-3 (rollout_logprob_gap_mean),
+# so each band is drawn tight enough to act on a fraction of the tokens, not on all of them.
+_MISMATCH = {**_BF16_SAMPLING, **OFF_POLICY}
+_BAND = {"rollout_correction_cap": 1.001, "rollout_correction_floor": 0.999}
+register(
+    "off_policy_corrections",
+    "Off-policy twice (bf16 sampling, 2 epochs x 2 minibatches): do truncated weights normalised to mean 1, "
+    "IcePop weighting, decoupled PPO, the geometric-mean sequence mask, rejection by the sequence max of k2, "
+    "or DeepSeek-V3.2's off-policy sequence mask change GRPO against no correction?",
+    [Variant("none", GRPO, _MISMATCH),
+     Variant("token_tis_normalized", GRPO, {**_MISMATCH, "rollout_correction": "token_tis",
+                                            "rollout_correction_cap": 1.001,
+                                            "rollout_correction_batch_normalize": True}),
+     Variant("token_icepop", GRPO, {**_MISMATCH, **_BAND, "rollout_correction": "token_icepop"}),
+     Variant("decoupled", GRPO, {**_MISMATCH, "rollout_correction": "decoupled", "rollout_correction_cap": 1.001}),
+     Variant("geo_mis", GRPO, {**_MISMATCH, **_BAND, "rollout_correction": "geo_mis"}),
+     Variant("seq_max_k2", GRPO, {**_MISMATCH, "rollout_correction": "seq_max_k2",
+                                  "rollout_correction_kl_threshold": 1e-3}),
+     Variant("off_policy_mask", GRPO, {**_MISMATCH, "off_policy_mask_threshold": 1e-3})],
+    metric="accuracy", extra_metrics=("rollout_corrected_frac", "rollout_mismatch_kl", "off_policy_masked_frac",
+                                      "rollout_weight_batch_mean", "approx_kl"),
+    steps=40,
+)
+
+# DPPO (arXiv 2602.04879; prime-rl's default loss, SkyRL): a trust region on the probability
+# instead of the ratio; off-policy like the policy_losses entry, or it could not act.
+register(
+    "dppo",
+    "Off-policy (2 epochs x 2 minibatches), does bounding the change of each token's probability (DPPO's total "
+    "variation, 0.2, or binary KL, 0.05) train GRPO differently from PPO's ratio clip, in accuracy, entropy "
+    "and how many tokens it stops?",
+    [Variant("vanilla", GRPO, OFF_POLICY),
+     Variant("dppo_tv", GRPO, {**OFF_POLICY, "policy_loss": "dppo_tv"}),
+     Variant("dppo_kl", GRPO, {**OFF_POLICY, "policy_loss": "dppo_kl", "cliprange": 0.05})],
+    metric="accuracy", extra_metrics=("entropy", "clipfrac", "clipfrac_seq", "approx_kl", "kl_k1"),
+    steps=40,
 )
 
 register(

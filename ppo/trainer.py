@@ -234,13 +234,14 @@ class RLTrainer:
                 self.prompt_pool.retire(*gather_pass_rates(batch.seen_problems, batch.seen_pass_rates))
 
         advantages, loss_mask, mismatch = rollout_correction.correct(  # sampler vs trainer log-probs: TIS / MIS
-            cfg, rollout, old_logprobs, advantages, loss_mask, self.passes.temperature)
+            cfg, rollout, old_logprobs, advantages, loss_mask, self.passes.temperature, distributed.global_sum)
 
         # ---- 7. update: epochs x shuffled minibatches x micro-batches ------------------
         tensors = dict(query_ids=rollout.query_ids, query_mask=rollout.query_mask, response_ids=rollout.response_ids,
                        response_mask=response_mask, loss_mask=loss_mask, old_logprobs=old_logprobs,
                        advantages=advantages, returns=returns, ref_logprobs=ref_logprobs, values=values,
-                       ref_log_probs_full=self.passes.ref_log_probs_full)  # [B, T, V] for "full" in the loss
+                       ref_log_probs_full=self.passes.ref_log_probs_full,  # [B, T, V] for "full" in the loss
+                       behaviour_logprobs=rollout_correction.behaviour_logprobs(cfg, rollout, self.passes.temperature))
         if values is not None and (cfg.value_loss_over_padding or cfg.score_position != "last_token"):
             # The critic's loss covers padding (AlpacaFarm) or the column after the last token (TRL).
             tensors["critic_mask"] = critic_loss_mask(loss_mask, cfg.value_loss_over_padding, cfg.score_position)
@@ -347,6 +348,7 @@ class RLTrainer:
                             if cfg.top_entropy_quantile < 1.0 else None)  # [b, T] or all tokens
                 loss, metrics = policy_loss(logprobs, micro["old_logprobs"], micro["advantages"], mask,
                                             **policy_loss_options(cfg), train_on=train_on,
+                                            behaviour_logprobs=micro.get("behaviour_logprobs"),
                                             generator=self.shuffle_generator, **agg)
                 metrics["pg_loss"] = float(loss.detach())
                 if cfg.kl_placement == "loss" and "ref_logprobs" in micro:

@@ -116,6 +116,40 @@ def test_kl_cov_hand_computed():
     assert metrics["cov_frac"] == pytest.approx(1 / N)
 
 
+def test_dppo_tv_hand_computed():
+    # mu = e^-1 = 0.3679 everywhere. Probabilities p = e^(-1 + log r): row 0 moved by
+    # p - mu = [+0.0387, +0.1287, -0.0350, 0] with A = +1: token 1 went up past 0.1, blocked.
+    # Row 1 (A = -1) moved [+0.1809, -0.1447]: token 1 went down past 0.1, blocked; token 0 moved
+    # the wrong way for its advantage and is never blocked. The rest: -r A, unclipped.
+    loss, grad, metrics = run("dppo_tv", clip_low=0.1, clip_high=0.1)
+    check(loss, grad, (-e(0.1) - e(-0.1) - 1 + e(0.4)) / N,
+          [[-e(0.1) / N, 0, -e(-0.1) / N, -1 / N], [e(0.4) / N, 0, 0, 0]])
+    assert metrics["clipfrac"] == pytest.approx(2 / N)
+    assert metrics["clipfrac_high"] == pytest.approx(1 / N) and metrics["clipfrac_low"] == pytest.approx(1 / N)
+    # PPO's clip (0.2) picks the same two tokens here but keeps their constant loss (-1.2, 0.8): DPPO drops it.
+    assert run()[0] == pytest.approx(loss + (-1.2 + 0.8) / N, abs=1e-6)
+
+
+def binary_kl(mu, p):
+    """D(mu || p) between Bernoulli(mu) and Bernoulli(p), DPPO eq. 14."""
+    return mu * math.log(mu / p) + (1 - mu) * math.log((1 - mu) / (1 - p))
+
+
+def test_dppo_kl_hand_computed():
+    mu = e(-1)
+    # row 0 token 1 went up (p = e^-0.7): D = 0.0335; row 1 token 1 went down (p = e^-1.5): D = 0.0536
+    assert binary_kl(mu, e(-0.7)) == pytest.approx(0.03355, abs=1e-5)
+    assert binary_kl(mu, e(-1.5)) == pytest.approx(0.05360, abs=1e-5)
+    # clip_high 0.04 lets row 0 token 1 through (0.0335); clip_low 0.05 blocks row 1 token 1 (0.0536)
+    loss, grad, metrics = run("dppo_kl", clip_low=0.05, clip_high=0.04)
+    check(loss, grad, (-e(0.1) - e(0.3) - e(-0.1) - 1 + e(0.4)) / N,
+          [[-e(0.1) / N, -e(0.3) / N, -e(-0.1) / N, -1 / N], [e(0.4) / N, 0, 0, 0]])
+    assert metrics["clipfrac"] == pytest.approx(1 / N)
+    # a token that moved against its advantage is never blocked, however far (row 1 token 0: D = 0.0660)
+    assert binary_kl(mu, e(-0.6)) > 0.05
+    assert run("dppo_kl", clip_low=0.001, clip_high=0.001)[1][1, 0] != 0
+
+
 def test_top_entropy_mask_keeps_gradient_only_on_high_entropy_tokens():
     entropy = torch.tensor([[0.1, 0.9, 0.5, 0.3], [0.7, 0.2, 5.0, 5.0]])  # padding never counts
     keep = top_entropy_mask(entropy, MASK, 0.5)  # median of [0.1 .9 .5 .3 .7 .2] = 0.4
@@ -175,7 +209,7 @@ def test_registry_vanilla_is_the_previous_code_bit_for_bit(loss_agg, on_policy, 
     assert torch.equal(losses[0], losses[1]) and torch.equal(grads[0], grads[1])
 
 
-@pytest.mark.parametrize("name", ["gspo", "gspo_token", "geo_mean", "kl_cov"])
+@pytest.mark.parametrize("name", ["gspo", "gspo_token", "geo_mean", "kl_cov", "dppo_tv", "dppo_kl"])
 @pytest.mark.parametrize("loss_agg", LOSS_AGG_MODES)
 def test_at_ratio_one_the_losses_are_token_ppo(name, loss_agg):
     """At ratio 1 nothing clips: GSPO's sequence ratio spreads 1/L over the sequence's tokens,
@@ -206,7 +240,7 @@ def test_cispo_gradient_is_reinforce_at_ratio_one(loss_agg):
 def test_losses_differ_off_policy():
     """The ablation's premise: off the sampling policy the losses give different gradients."""
     grads = {name: run(name, "seq_mean_token_mean")[1] for name in POLICY_LOSSES}
-    names = ["vanilla", "gspo", "cispo", "geo_mean", "kl_cov"]
+    names = ["vanilla", "gspo", "cispo", "geo_mean", "kl_cov", "dppo_tv"]
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             assert not torch.allclose(grads[a], grads[b]), (a, b)

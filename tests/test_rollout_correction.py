@@ -105,8 +105,8 @@ def test_corrections_cap_the_per_token_weights_in_the_loop(tmp_path, tiny_model_
     seen = {}
     original = rollout_correction.correct
 
-    def spy(config, rollout, old_logprobs, advantages, loss_mask, temperature):
-        out = original(config, rollout, old_logprobs, advantages, loss_mask, temperature)
+    def spy(config, rollout, old_logprobs, advantages, loss_mask, *args, **kwargs):
+        out = original(config, rollout, old_logprobs, advantages, loss_mask, *args, **kwargs)
         seen.update(advantages=advantages, loss_mask=loss_mask, out=out)
         return out
 
@@ -130,3 +130,83 @@ def test_corrections_cap_the_per_token_weights_in_the_loop(tmp_path, tiny_model_
         assert torch.allclose(weights, torch.ones_like(weights))
         assert new_mask.sum() < loss_mask.sum()  # a band of 0.1% drops some tokens
     assert row["rollout_corrected_frac"] > 0
+
+
+@pytest.mark.parametrize("mode, limits", [
+    ("geo_tis", dict(rollout_correction_cap=1.0005)),
+    ("geo_mis", dict(rollout_correction_cap=1.0001, rollout_correction_floor=0.9999)),
+    ("token_icepop", dict(rollout_correction_cap=1.001, rollout_correction_floor=0.999)),
+    ("sequence_icepop", dict(rollout_correction_cap=1.001, rollout_correction_floor=0.999)),
+    ("decoupled", dict(rollout_correction_cap=1.0005)),
+    ("token_k3", dict(rollout_correction_kl_threshold=1e-8)),
+    ("seq_max_k2", dict(rollout_correction_kl_threshold=3e-7)),
+])
+def test_the_loop_applies_each_correction_as_computed(tmp_path, tiny_model_dir, mode, limits):
+    """Under bf16 sampling the update sees the estimator's advantages times `correction_weights`
+    and the mask it leaves, computed from the old pass and the sampler's own log-probs."""
+    from ppo.config import preset
+    from ppo.algorithm import rollout_correction
+
+    seen = {}
+    original = rollout_correction.correct
+
+    def spy(config, rollout, old_logprobs, advantages, loss_mask, temperature, *args, **kwargs):
+        out = original(config, rollout, old_logprobs, advantages, loss_mask, temperature, *args, **kwargs)
+        sampler = rollout_correction.sampler_token_logprobs(rollout, temperature)
+        seen.update(expected=rollout_correction.correction_weights(
+            old_logprobs, sampler, loss_mask, config.rollout_correction, config.rollout_correction_cap,
+            config.rollout_correction_floor, config.rollout_correction_kl_threshold), advantages=advantages, out=out)
+        return out
+
+    config = preset("grpo", task="custom", model_path=str(tiny_model_dir), output_dir=str(tmp_path / mode),
+                    sampling_precision="bf16", rollout_correction=mode, **limits, **TINY)
+    rollout_correction.correct = spy
+    try:
+        row = run_steps(config, steps=1)[0]
+    finally:
+        rollout_correction.correct = original
+    weights, mask = seen["expected"]
+    new_advantages, new_mask, _ = seen["out"]
+    assert torch.equal(new_advantages, seen["advantages"] * weights) and torch.equal(new_mask, mask)
+    assert 0 < row["rollout_corrected_frac"] < 1  # a band this narrow acts on a bf16 mismatch, not on everything
+
+
+def test_batch_normalised_weights_average_one_in_the_loop(tmp_path, tiny_model_dir):
+    from ppo.config import preset
+    from ppo.algorithm import rollout_correction
+
+    seen = {}
+    original = rollout_correction.correct
+
+    def spy(config, rollout, old_logprobs, advantages, loss_mask, temperature, *args, **kwargs):
+        seen["out"] = original(config, rollout, old_logprobs, advantages, loss_mask, temperature, *args, **kwargs)
+        sampler = rollout_correction.sampler_token_logprobs(rollout, temperature)
+        truncated, _ = rollout_correction.correction_weights(old_logprobs, sampler, loss_mask, "token_tis", cap=1.0002)
+        seen.update(truncated=truncated, advantages=advantages, mask=loss_mask)
+        return seen["out"]
+
+    config = preset("grpo", task="custom", model_path=str(tiny_model_dir), output_dir=str(tmp_path / "a"),
+                    sampling_precision="bf16", rollout_correction="token_tis", rollout_correction_cap=1.0002,
+                    rollout_correction_batch_normalize=True, **TINY)
+    rollout_correction.correct = spy
+    try:
+        row = run_steps(config, steps=1)[0]
+    finally:
+        rollout_correction.correct = original
+    truncated, mask = seen["truncated"], seen["mask"]
+    mean = float((truncated * mask).sum() / mask.sum())
+    assert row["rollout_weight_batch_mean"] == pytest.approx(mean, rel=1e-6) and mean != 1.0
+    assert torch.equal(seen["out"][0], seen["advantages"] * (truncated / mean))
+
+
+def test_off_policy_sequence_mask_acts_in_the_update(tmp_path, tiny_model_dir):
+    """DeepSeek-V3.2's mask needs the current policy: it acts in the update, after the first
+    optimizer step has moved the policy away from the sampler, and is logged there."""
+    from ppo.config import preset
+
+    config = preset("grpo", task="custom", model_path=str(tiny_model_dir), output_dir=str(tmp_path / "a"),
+                    off_policy_mask_threshold=0.0, **{**TINY, "ppo_epochs": 2})
+    masked = run_steps(config, steps=1)[0]
+    assert masked["off_policy_masked_frac"] > 0
+    plain = run_steps(config.replace(off_policy_mask_threshold=None, output_dir=str(tmp_path / "b")), steps=1)[0]
+    assert "off_policy_masked_frac" not in plain and plain["pg_loss"] != masked["pg_loss"]

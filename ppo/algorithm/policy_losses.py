@@ -20,8 +20,15 @@ Implementation details that live here:
   sequence's advantage.
 - **`clip_cov`** and **`kl_cov`** (Cui et al., "The Entropy Mechanism of RL for Reasoning
   LMs"): act on the few tokens whose log-prob and advantage covary most.
+- **`dppo_tv`** and **`dppo_kl`** (DPPO, arXiv 2602.04879; prime-rl's default loss, SkyRL):
+  no ratio clip; a token whose probability has moved past a trust region, measured on the
+  probability itself (total variation) or on the binary KL, in the direction its advantage
+  asks for, loses its gradient.
 - **`top_entropy_mask`** (Wang et al., "Beyond the 80/20 Rule"; TRL `top_entropy_quantile`):
   train only on the highest-entropy tokens.
+- **Off-policy sequence masking** (`PPOConfig.off_policy_mask_threshold`; DeepSeek-V3.2):
+  applied here, after any loss, because it needs the current policy
+  (`ppo.algorithm.rollout_correction.off_policy_sequence_mask`).
 - **`EntropyControl`** (Skywork-OR1; TRL `use_adaptive_entropy`): an entropy coefficient
   that moves toward a target entropy.
 
@@ -44,6 +51,7 @@ from typing import Callable
 import torch
 
 from ppo.algorithm.losses import _masked_mean, aggregate
+from ppo.algorithm.rollout_correction import off_policy_sequence_mask
 
 PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 
@@ -89,6 +97,8 @@ def policy_loss(
     clip_cov_high: float = 5.0,
     kl_cov_coef: float = 1.0,
     generator: torch.Generator | None = None,
+    behaviour_logprobs: torch.Tensor | None = None,
+    off_policy_mask_threshold: float | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss registered as `name`, aggregated over `response_mask` by `loss_agg`.
 
@@ -103,6 +113,9 @@ def policy_loss(
             the others count in the denominator but add 0, as TRL masks them.
         cov_fraction, clip_cov_low, clip_cov_high, kl_cov_coef: `clip_cov` / `kl_cov` settings.
         generator: draws `clip_cov`'s random tokens.
+        behaviour_logprobs, off_policy_mask_threshold: DeepSeek-V3.2's off-policy sequence mask
+            (`off_policy_sequence_mask`) against the sampler's `[B, T]` log-probs (the old
+            log-probs when None), as TRL applies it: the dropped tokens stay in the denominator.
 
     Returns:
         `(loss, metrics)`: every loss's own metrics plus `pg_loss`, `approx_kl` (mean of
@@ -123,6 +136,11 @@ def policy_loss(
         clip_cov_low=clip_cov_low, clip_cov_high=clip_cov_high, kl_cov_coef=kl_cov_coef, generator=generator)
     if train_on is not None:
         per_token = torch.where(train_on.bool(), per_token, torch.zeros_like(per_token))  # [B, T]
+    if off_policy_mask_threshold is not None:
+        behaviour = old_logprobs if behaviour_logprobs is None else behaviour_logprobs
+        kept = off_policy_sequence_mask(advantages, logprobs, behaviour, response_mask, off_policy_mask_threshold)
+        per_token = torch.where(kept, per_token, torch.zeros_like(per_token))  # [B, T]
+        metrics["off_policy_masked_frac"] = _masked_mean((~kept).float(), response_mask).item()
     loss = aggregate(per_token, response_mask, loss_agg, max_len, skip_empty_rows, group_share)
 
     with torch.no_grad():
@@ -241,7 +259,8 @@ def policy_loss_options(config) -> dict:
     """The keyword settings `policy_loss` takes from a `PPOConfig`."""
     return dict(name=config.policy_loss, clip_low=config.cliprange, clip_high=config.cliprange_high,
                 dual_clip=config.dual_clip, cov_fraction=config.cov_fraction, clip_cov_low=config.clip_cov_low,
-                clip_cov_high=config.clip_cov_high, kl_cov_coef=config.kl_cov_coef)
+                clip_cov_high=config.clip_cov_high, kl_cov_coef=config.kl_cov_coef,
+                off_policy_mask_threshold=config.off_policy_mask_threshold)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -489,3 +508,71 @@ def kl_cov(*, logprobs, old_logprobs, advantages, mask, cov_fraction, kl_cov_coe
         penalised = penalised.view_as(mask) & mask.bool()  # [B, T]
     per_token = torch.where(penalised, per_token + kl_cov_coef * log_ratio.abs(), per_token)
     return per_token, {"cov_frac": _masked_mean(penalised.float(), mask).item()}
+
+
+def _dppo(logprobs, old_logprobs, advantages, mask, clip_low, clip_high, divergence):
+    """DPPO's masked surrogate, ``-sg[m_t] r_t A_t`` per token ``[B, T]``, and its metrics.
+
+    `divergence` gives, from the probabilities ``(p, mu)`` of the sampled token under the
+    current and the old policy, how far it has moved up (``up``, for A > 0) and down
+    (``down``, for A < 0), each compared with `clip_high` / `clip_low`.
+    """
+    ratio = torch.exp(logprobs - old_logprobs)  # [B, T]
+    with torch.no_grad():
+        up, down = divergence(torch.exp(logprobs), torch.exp(old_logprobs), logprobs, old_logprobs)  # [B, T] each
+        blocked_high = (advantages > 0) & (up > clip_high)  # pushed up past the trust region
+        blocked_low = (advantages < 0) & (down > clip_low)  # pushed down past it
+        blocked = blocked_high | blocked_low
+    per_token = torch.where(blocked, torch.zeros_like(ratio), -ratio * advantages)  # [B, T]
+    with torch.no_grad():
+        metrics = {"clipfrac": _masked_mean(blocked.float(), mask).item(),
+                   "clipfrac_low": _masked_mean(blocked_low.float(), mask).item(),
+                   "clipfrac_high": _masked_mean(blocked_high.float(), mask).item(),
+                   "clipfrac_seq": _row_fraction(blocked, mask)}
+    return per_token, metrics
+
+
+@register_policy_loss("dppo_tv")
+def dppo_tv(*, logprobs, old_logprobs, advantages, mask, clip_low, clip_high, **settings):
+    """DPPO-Binary-TV ("Rethinking the trust region in LLM RL", arXiv 2602.04879, eq. 13).
+
+    PPO's ratio clip bounds ``pi / pi_old``, which lets a rare token's probability jump from
+    1e-4 to 1e-3 (ratio 10, clipped) while a common one moves from 0.5 to 0.6 (ratio 1.2)
+    freely; DPPO bounds the change of the probability itself. With ``p = pi(y_t)`` and
+    ``mu = pi_old(y_t)``::
+
+        m_t    = 0 if (A > 0 and p - mu > clip_high) or (A < 0 and mu - p > clip_low) else 1
+        loss_t = -sg[m_t] * (p / mu) * A_t                                         [B, T]
+
+    A blocked token keeps its place in the denominator. The unblocked ones take the unclipped
+    importance-weighted gradient, whatever their ratio. Thresholds: prime-rl and SkyRL 0.2
+    (`cliprange` 0.2 here). prime-rl's default loss adds ``1e-3 * (log r)^2`` on every token
+    (its `kl_tau`), which this loss leaves out; SkyRL's loss is this one.
+
+    Worked example (clip 0.2), mu = 0.5: p = 0.75 with A = +1 moved up 0.25 > 0.2, blocked,
+    loss 0; p = 0.6 with A = +1, loss -1.2; p = 0.25 with A = -1 moved down 0.25, blocked.
+    """
+    return _dppo(logprobs, old_logprobs, advantages, mask, clip_low, clip_high,
+                 lambda p, mu, logp, log_mu: (p - mu, mu - p))
+
+
+@register_policy_loss("dppo_kl")
+def dppo_kl(*, logprobs, old_logprobs, advantages, mask, clip_low, clip_high, **settings):
+    """DPPO-Binary-KL (arXiv 2602.04879, eq. 14): DPPO's trust region measured by the KL
+    between the two Bernoulli distributions "this token or another"::
+
+        D_t = mu log(mu / p) + (1 - mu) log((1 - mu) / (1 - p))
+        m_t = 0 if (A > 0 and p > mu and D_t > clip_high) or (A < 0 and p < mu and D_t > clip_low) else 1
+        loss_t = -sg[m_t] * (p / mu) * A_t                                         [B, T]
+
+    The KL weighs a move by how sure the old policy was: the same absolute change costs more
+    near 0 or 1. SkyRL recommends 0.05 for both thresholds (`cliprange=0.05` here). The
+    ``1 - p`` terms get 1e-8 added, as SkyRL does, so a token of probability 1 stays finite.
+    """
+    eps = 1e-8
+
+    def binary_kl(p, mu, logp, log_mu):
+        kl = mu * (log_mu - logp) + (1 - mu) * (torch.log(1 - mu + eps) - torch.log(1 - p + eps))  # [B, T]
+        return torch.where(p > mu, kl, torch.zeros_like(kl)), torch.where(p < mu, kl, torch.zeros_like(kl))
+
+    return _dppo(logprobs, old_logprobs, advantages, mask, clip_low, clip_high, binary_kl)

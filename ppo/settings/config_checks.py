@@ -155,6 +155,11 @@ def validate(config) -> None:
         bad("rollout_correction_floor", "must be in (0, 1): the lower edge of the band around ratio 1")
     if not config.rollout_correction_cap > 1:
         bad("rollout_correction_cap", "must be > 1: the upper edge of the band around ratio 1")
+    if not config.rollout_correction_kl_threshold > 0:
+        bad("rollout_correction_kl_threshold", "must be > 0: the largest k2 / k3 statistic kept")
+    if config.off_policy_mask_threshold is not None and config.off_policy_mask_threshold < 0:
+        bad("off_policy_mask_threshold", "must be >= 0 or None: the largest mean log(pi_sampler / pi_current) a "
+            "negative-advantage sequence may drift before it leaves the loss")
     choice("generation_backend", ("hf", "vllm"))  # ppo/parallel/vllm_sampler.py GENERATION_BACKENDS
     if config.generation_backend == "vllm" and config.sampling_precision != "fp32":
         bad("sampling_precision", "bf16 autocast is Hugging Face sampling; with generation_backend='vllm' the "
@@ -315,6 +320,8 @@ def inert_settings(config) -> list[tuple[str, str]]:
             found[name] = (f"PPOConfig.{name}: {value!r} has no effect because {because}; {fix} "
                            f"(default {defaults[name]!r})")
 
+    from ppo.algorithm.rollout_correction import CAP_ONLY_CORRECTIONS, THRESHOLD_CORRECTIONS, TRUNCATED_CORRECTIONS
+
     est = config.advantage_estimator
     if not config.uses_value_model:
         no_critic = f"advantage_estimator={est!r} trains no critic"
@@ -396,15 +403,33 @@ def inert_settings(config) -> list[tuple[str, str]]:
     elif config.difficulty_filter_mode != "resample":
         inert("dynamic_sampling_max_rounds", f"difficulty_filter_mode={config.difficulty_filter_mode!r} samples "
               "one round", "set difficulty_filter_mode='resample'")
-    if config.rollout_correction == "none":
-        for name in ("rollout_correction_cap", "rollout_correction_floor"):
+    correction = config.rollout_correction
+    correction_fields = ("rollout_correction_cap", "rollout_correction_floor", "rollout_correction_kl_threshold",
+                         "rollout_correction_batch_normalize")
+    if correction != "none" and config.logprobs_from_generation:
+        # The old log-probs are then the sampler's own: every trainer / sampler ratio is exactly 1.
+        for name in ("rollout_correction", *correction_fields):
+            inert(name, "logprobs_from_generation=True takes the old log-probs from the sampler, so every trainer / "
+                  "sampler ratio is 1", "set logprobs_from_generation=False (the old log-probs recomputed: the "
+                  "proximal policy)")
+    if correction == "none":
+        for name in correction_fields:
             inert(name, "rollout_correction='none'", "choose a rollout_correction")
     else:
-        inert("log_rollout_mismatch", f"rollout_correction={config.rollout_correction!r} logs the mismatch anyway",
-              "remove it")
-        if config.rollout_correction.endswith("_tis"):
-            inert("rollout_correction_floor", f"rollout_correction={config.rollout_correction!r} only caps",
-                  "use a '_mis' correction")
+        inert("log_rollout_mismatch", f"rollout_correction={correction!r} logs the mismatch anyway", "remove it")
+        if correction in CAP_ONLY_CORRECTIONS:
+            inert("rollout_correction_floor", f"rollout_correction={correction!r} only caps",
+                  "use a '_mis' or '_icepop' correction")
+        if correction in THRESHOLD_CORRECTIONS:
+            for name in ("rollout_correction_cap", "rollout_correction_floor"):
+                inert(name, f"rollout_correction={correction!r} thresholds a k2 / k3 statistic "
+                      "(rollout_correction_kl_threshold)", "use a ratio correction or a k1 statistic")
+        else:
+            inert("rollout_correction_kl_threshold", f"rollout_correction={correction!r} reads no k2 / k3 statistic",
+                  "use one of " + ", ".join(repr(mode) for mode in THRESHOLD_CORRECTIONS))
+        if correction not in TRUNCATED_CORRECTIONS:
+            inert("rollout_correction_batch_normalize", f"rollout_correction={correction!r} has no truncated "
+                  "importance weights to normalise", "use 'token_tis', 'sequence_tis' or 'geo_tis'")
     if config.generation_backend != "vllm":
         for name in ("vllm_kv_cache_gb", "vllm_gpu_memory_utilization", "vllm_sleep"):
             inert(name, f"generation_backend={config.generation_backend!r}", "set generation_backend='vllm'")

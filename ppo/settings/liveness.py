@@ -103,6 +103,8 @@ EVIDENCE: dict[str, str] = {
     "sharding": "tests/test_sharding.py (two processes; in one process the run warns)",
     "rollout_correction": "tests/test_rollout_correction.py::test_weights_and_masks_by_hand (a sampler-trainer "
                           "mismatch; fp32 sampling has almost none)",
+    "off_policy_mask_threshold": "tests/test_rollout_correction.py::test_off_policy_sequence_mask_acts_in_the_update "
+                                 "(a policy that has drifted from the sampler: a second epoch)",
     "log_rollout_mismatch": "tests/test_rollout_correction.py::test_without_the_toggles_nothing_is_logged_or_kept",
     "sampling_precision": "tests/test_rollout_correction.py::test_bf16_sampling_shows_a_mismatch_and_fp32_none",
     "separate_value_optimizer": "tests/test_precision.py::test_fp16_with_separate_value_optimizer_matches_fp32 (one "
@@ -197,6 +199,9 @@ PROBES: dict[str, Any] = {
     "rollout_correction": "token_tis",
     "rollout_correction_cap": 3.0,
     "rollout_correction_floor": 0.25,
+    "rollout_correction_kl_threshold": 0.1,
+    "rollout_correction_batch_normalize": _flip,
+    "off_policy_mask_threshold": 0.05,
     "sampling_precision": "bf16",
     "log_rollout_mismatch": _flip,
     "advantage_estimator": lambda config, name: "reinforce" if config.group_size == 1 else _other("rloo", "grpo")(

@@ -231,3 +231,55 @@ register(
      Variant("mix_0.6", GRPO, {"log_full_kl": True, "ref_update_every": 10, "ref_update_alpha": 0.6})],
     metric="accuracy", extra_metrics=("kl_full", "kl"),
 )
+
+# ---------------------------------------------------------------------- staleness (asynchronous RL, simulated)
+# rollout_staleness = k samples every step with the weights of k steps earlier, exactly
+# (ppo/models/staleness.py): an asynchronous pipeline's off-policyness in one seeded process.
+# The claims were registered with the ablation, before its runs: held-out sampled accuracy at
+# the end (paired by seed), and the late gain over the start (mean of the evaluations in the
+# second half minus the start) as the stability measure; the report's gains table counts the
+# seeds that end below their start. Without correction the loss's old log-probs are the
+# current policy's (the proximal policy), so nothing in the update sees the lag; the
+# corrections at k = 4 weigh against the stale sampler's own log-probs, or anchor the clip
+# (or DPPO's trust region) at the sampler (logprobs_from_generation).
+from .definitions import Claim  # noqa: E402
+
+STALE = 4
+_STALE = {"rollout_staleness": STALE}
+_STALENESS_SEEDS = (1, 2, 3, 4, 5)
+_SOURCE = "the course (reusing rollouts buys off-policy instability); AReaL, verl fully async, prime-rl"
+_CORRECTIONS = ("token_tis", "token_icepop", "decoupled", "behaviour_clip", "dppo_tv", "off_policy_mask")
+register(
+    "staleness",
+    "Rollouts sampled by weights 0, 1, 2 or 4 training steps old (exact, synchronous): how much does GRPO lose "
+    "to the lag, and which correction at a lag of 4 wins it back (truncated IS, IcePop weighting, decoupled PPO, "
+    "the clip or DPPO's trust region anchored at the sampler, DeepSeek-V3.2's off-policy mask)?",
+    [Variant("on_policy", GRPO),
+     Variant("stale_1", GRPO, {"rollout_staleness": 1}),
+     Variant("stale_2", GRPO, {"rollout_staleness": 2}),
+     Variant("stale_4", GRPO, _STALE),
+     Variant("stale_4_token_tis", GRPO, {**_STALE, "rollout_correction": "token_tis"}),
+     Variant("stale_4_token_icepop", GRPO, {**_STALE, "rollout_correction": "token_icepop"}),
+     Variant("stale_4_decoupled", GRPO, {**_STALE, "rollout_correction": "decoupled"}),
+     Variant("stale_4_behaviour_clip", GRPO, {**_STALE, "logprobs_from_generation": True}),
+     Variant("stale_4_dppo_tv", GRPO, {**_STALE, "logprobs_from_generation": True, "policy_loss": "dppo_tv"}),
+     Variant("stale_4_off_policy_mask", GRPO, {**_STALE, "off_policy_mask_threshold": 0.05})],
+    metric="accuracy", extra_metrics=("rollout_mismatch_kl", "rollout_corrected_frac", "clipfrac", "approx_kl",
+                                      "entropy"),
+    seeds=len(_STALENESS_SEEDS),
+    claims=(
+        Claim("Training on rollouts sampled 4 steps stale, uncorrected, ends at a lower held-out accuracy than "
+              "on-policy.", _SOURCE, "staleness", ("stale_4", "final_sampled_accuracy"),
+              ("on_policy", "final_sampled_accuracy"), -1, "held-out sampled accuracy at the end",
+              _STALENESS_SEEDS, family="the lag"),
+        Claim("Training on rollouts sampled 4 steps stale, uncorrected, is less stable: its late gain over the "
+              "start is smaller than on-policy's.", _SOURCE, "staleness", ("stale_4", "late_accuracy_gain"),
+              ("on_policy", "late_accuracy_gain"), -1,
+              "late gain in held-out sampled accuracy over the start (second-half evaluations)",
+              _STALENESS_SEEDS, family="the lag"),
+        *(Claim(f"At a lag of 4 steps, {name.replace('_', ' ')} recovers held-out accuracy lost to the lag.",
+                _SOURCE, "staleness", (f"stale_4_{name}", "final_sampled_accuracy"),
+                ("stale_4", "final_sampled_accuracy"), +1, "held-out sampled accuracy at the end",
+                _STALENESS_SEEDS, family="corrections at a lag of 4") for name in _CORRECTIONS),
+    ),
+)

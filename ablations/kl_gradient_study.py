@@ -1,6 +1,6 @@
 """The KL gradient study: which (estimator x placement) pair follows the gradient of KL(pi || ref).
 
-``python -m ablations.kl_gradient_study [--batches 400] [--groups 20] [--prompts 32] [--update docs/derivations.md docs/results.md]``
+``python -m ablations.kl_gradient_study [--batches 400] [--groups 20] [--prompts 32] [--update docs/derivations.md]``
 
 (about half a minute on one CPU thread).
 

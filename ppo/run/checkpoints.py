@@ -497,7 +497,8 @@ def _load_whole(models: Models, config, path: Path, trainer_state: dict) -> None
                                         f"({type(error).__name__}: {error})") from None
 
 
-def _apply_rest(models: Models, state: TrainingState, config, saved: dict, trainer_state: dict, settings: list) -> None:
+def _apply_rest(models: Models, state: TrainingState, config, saved: dict, trainer_state: dict,
+                settings: list) -> None:
     """Schedulers, RNG streams and the loop's own state."""
     for scheduler, scheduler_state, groups in zip(models.optimizers.schedulers, trainer_state["schedulers"], settings):
         scheduler.load_state_dict(scheduler_state)

@@ -121,8 +121,9 @@ class UpdateTally:
         return averaged
 
 
-def step_metrics(config, state: TrainingState, timer: PhaseTimer, batch, buffer, *, token_rewards, kl, kl_k1, kl_sampling, finite,
-                 kept, skip_empty_rows: bool, lr: float, scalars: dict) -> tuple[dict, list[dict]]:
+def step_metrics(config, state: TrainingState, timer: PhaseTimer, batch, buffer, *, token_rewards, kl, kl_k1,
+                 kl_sampling, finite, kept, skip_empty_rows: bool, lr: float,
+                 scalars: dict) -> tuple[dict, list[dict]]:
     """This step's metrics, each a mean over the global batch (one all-reduce for all of
     them), and the decoded samples of every rank (for samples.jsonl).
 

@@ -4,8 +4,9 @@
 `TrainingRun` handed the run's pieces (its state, and callables for a step, an evaluation
 and the checkpoints), and `evaluate` handed the models and the task. A run directory holds
 `config.yaml`, tensorboard events, `metrics.jsonl` (one JSON object per step; step 0 is the
-initial evaluation), `samples.jsonl`, `initial_eval.json`, `checkpoints/` and `summary.json`. Only the main process writes them (data parallel), and
-only it sends the same rows to the trackers of `report_to` (ppo/run/trackers.py).
+initial evaluation), `samples.jsonl`, `initial_eval.json`, `checkpoints/` and `summary.json`.
+Only the main process writes them (data parallel), and only it sends the same rows to the
+trackers of `report_to` (ppo/run/trackers.py).
 What a resume may change and how damaged directories are handled: ppo/run/run_dir.py and
 ppo/run/checkpoints.py (docs/reliability.md).
 """
@@ -102,9 +103,10 @@ class TrainingRun:
     After `train`, ``already_finished`` says whether a resume found the run already finished.
     """
 
-    def __init__(self, config, output_dir: Path, state: TrainingState, *, model_path: str | None, config_warnings: list[str],
-                 train_step: Callable[[], dict], evaluate: Callable[[], dict], save_checkpoint: Callable[[], Path],
-                 load_checkpoint: Callable[..., bool], last_samples: Callable[[], list[dict]]):
+    def __init__(self, config, output_dir: Path, state: TrainingState, *, model_path: str | None,
+                 config_warnings: list[str], train_step: Callable[[], dict], evaluate: Callable[[], dict],
+                 save_checkpoint: Callable[[], Path], load_checkpoint: Callable[..., bool],
+                 last_samples: Callable[[], list[dict]]):
         self.config, self.output_dir, self.state = config, output_dir, state
         self.model_path, self.config_warnings = model_path, config_warnings
         self.train_step, self.evaluate = train_step, evaluate

@@ -96,7 +96,7 @@ def test_without_the_toggles_nothing_is_logged_or_kept(tmp_path, tiny_model_dir)
 
 
 @pytest.mark.parametrize("mode", ["token_tis", "sequence_tis", "token_mis", "sequence_mis"])
-def test_corrections_cap_the_per_token_weights_in_the_loop(tmp_path, tiny_model_dir, mode):
+def test_corrections_cap_the_per_token_weights_in_the_loop(tmp_path, tiny_model_dir, mode, monkeypatch):
     """Under bf16 sampling the advantages the update sees are the estimator's times weights
     that never pass the cap (TIS), or tokens outside the band leave the loss mask (MIS)."""
     from ppo.config import preset
@@ -113,11 +113,8 @@ def test_corrections_cap_the_per_token_weights_in_the_loop(tmp_path, tiny_model_
     config = preset("grpo", task="custom", model_path=str(tiny_model_dir), output_dir=str(tmp_path / mode),
                     sampling_precision="bf16", rollout_correction=mode, rollout_correction_cap=1.001,
                     rollout_correction_floor=0.999, **TINY)
-    rollout_correction.correct = spy
-    try:
-        row = run_steps(config, steps=1)[0]
-    finally:
-        rollout_correction.correct = original
+    monkeypatch.setattr(rollout_correction, "correct", spy)
+    row = run_steps(config, steps=1)[0]
     advantages, loss_mask = seen["advantages"], seen["loss_mask"]
     new_advantages, new_mask, _ = seen["out"]
     real = loss_mask.bool() & (advantages.abs() > 1e-6)
@@ -141,7 +138,7 @@ def test_corrections_cap_the_per_token_weights_in_the_loop(tmp_path, tiny_model_
     ("token_k3", dict(rollout_correction_kl_threshold=1e-8)),
     ("seq_max_k2", dict(rollout_correction_kl_threshold=3e-7)),
 ])
-def test_the_loop_applies_each_correction_as_computed(tmp_path, tiny_model_dir, mode, limits):
+def test_the_loop_applies_each_correction_as_computed(tmp_path, tiny_model_dir, mode, limits, monkeypatch):
     """Under bf16 sampling the update sees the estimator's advantages times `correction_weights`
     and the mask it leaves, computed from the old pass and the sampler's own log-probs."""
     from ppo.config import preset
@@ -160,18 +157,15 @@ def test_the_loop_applies_each_correction_as_computed(tmp_path, tiny_model_dir, 
 
     config = preset("grpo", task="custom", model_path=str(tiny_model_dir), output_dir=str(tmp_path / mode),
                     sampling_precision="bf16", rollout_correction=mode, **limits, **TINY)
-    rollout_correction.correct = spy
-    try:
-        row = run_steps(config, steps=1)[0]
-    finally:
-        rollout_correction.correct = original
+    monkeypatch.setattr(rollout_correction, "correct", spy)
+    row = run_steps(config, steps=1)[0]
     weights, mask = seen["expected"]
     new_advantages, new_mask, _ = seen["out"]
     assert torch.equal(new_advantages, seen["advantages"] * weights) and torch.equal(new_mask, mask)
     assert 0 < row["rollout_corrected_frac"] < 1  # a band this narrow acts on a bf16 mismatch, not on everything
 
 
-def test_batch_normalised_weights_average_one_in_the_loop(tmp_path, tiny_model_dir):
+def test_batch_normalised_weights_average_one_in_the_loop(tmp_path, tiny_model_dir, monkeypatch):
     from ppo.config import preset
     from ppo.algorithm import rollout_correction
 
@@ -188,11 +182,8 @@ def test_batch_normalised_weights_average_one_in_the_loop(tmp_path, tiny_model_d
     config = preset("grpo", task="custom", model_path=str(tiny_model_dir), output_dir=str(tmp_path / "a"),
                     sampling_precision="bf16", rollout_correction="token_tis", rollout_correction_cap=1.0002,
                     rollout_correction_batch_normalize=True, **TINY)
-    rollout_correction.correct = spy
-    try:
-        row = run_steps(config, steps=1)[0]
-    finally:
-        rollout_correction.correct = original
+    monkeypatch.setattr(rollout_correction, "correct", spy)
+    row = run_steps(config, steps=1)[0]
     truncated, mask = seen["truncated"], seen["mask"]
     mean = float((truncated * mask).sum() / mask.sum())
     assert row["rollout_weight_batch_mean"] == pytest.approx(mean, rel=1e-6) and mean != 1.0

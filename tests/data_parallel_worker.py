@@ -3,7 +3,7 @@
 Not a test module itself: each process runs the scenarios named on the command line and
 the main process writes what the test compares into ``OUT``.
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/data_parallel_worker.py MODEL OUT update train
+    python -m torch.distributed.run --nproc_per_node 2 tests/data_parallel_worker.py MODEL OUT update train stale
 """
 
 from __future__ import annotations
@@ -101,9 +101,40 @@ def scenario_train(model: str, out: Path) -> None:
         (out / "train.json").write_text(json.dumps({"resumed_weights_equal": same, "early_stopped": decisions}))
 
 
+def _digest(module: torch.nn.Module) -> str:
+    """One string per set of weights: equal strings, bit-identical weights."""
+    import hashlib
+
+    hasher = hashlib.sha256()
+    for name, tensor in sorted(module.state_dict().items()):
+        hasher.update(name.encode())
+        hasher.update(tensor.detach().float().contiguous().numpy().tobytes())
+    return hasher.hexdigest()
+
+
+def scenario_stale(model: str, out: Path) -> None:
+    """rollout_staleness = 2 in data parallel: each rank keeps its own history of the (shared)
+    weights; records, per step and rank, the policy's weights at the step's start and the weights
+    the step sampled with."""
+    config = preset("grpo", testbed=True, model_path=model, output_dir=str(out / "stale"), group_size=4,
+                    total_steps=5, task="custom", rollout_staleness=2, **TINY)
+    trainer = RLTrainer(config, prompts=MANY_PROMPTS, reward_fn=reward_fn)
+    policy = trainer.policy_module
+    history = trainer.state.policy_history
+    starts, sampled, versions = [], [], []
+    for _ in range(config.total_steps):
+        starts.append(_digest(policy))
+        trainer.train_step()
+        sampled.append(_digest(history.sampler))
+        versions.append(history.version)
+    gathered = distributed.gather_objects([{"starts": starts, "sampled": sampled, "versions": versions}])
+    if distributed.is_main_process():
+        (out / "stale.json").write_text(json.dumps(gathered))
+
+
 if __name__ == "__main__":
     model_dir, out_dir, *scenarios = sys.argv[1:]
     out_path = Path(out_dir)
     for scenario in scenarios:
-        {"update": scenario_update, "train": scenario_train}[scenario](model_dir, out_path)
+        {"update": scenario_update, "train": scenario_train, "stale": scenario_stale}[scenario](model_dir, out_path)
     distributed.shutdown()

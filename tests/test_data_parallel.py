@@ -4,7 +4,9 @@
   processes (each holding half), for GAE with whitening + token_mean and for GRPO with a
   batch-scope std;
 - a 2-process run divides the work (different prompts per rank) and writes one result;
-- 2-process resume equals a straight 2-process run; a target_kl early stop never deadlocks.
+- 2-process resume equals a straight 2-process run; a target_kl early stop never deadlocks;
+- with rollout_staleness = 2 every rank samples with the weights of 2 steps before, the same on
+  every rank.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ def runs(tmp_path_factory, tiny_model_dir):
     same time: each process has one thread, and nothing they compare depends on timing."""
     root = tmp_path_factory.mktemp("dp")
     launches = [start(1, tiny_model_dir, root / "one", "update"),
-                start(2, tiny_model_dir, root / "two", "update", "train")]
+                start(2, tiny_model_dir, root / "two", "update", "train", "stale")]
     try:
         for process, log in launches:
             assert process.wait(timeout=600) == 0, log.read_text()[-6000:]
@@ -208,3 +210,16 @@ def test_step_1_kl_is_exactly_zero_in_two_processes(runs):
     takes the HF forward too: the same weights through two code paths would fake a KL."""
     first = read_rows(runs / "two" / "straight" / "metrics.jsonl")[1]
     assert first["step"] == 1 and first["kl_k1"] == 0.0 and first["kl"] == 0.0
+
+
+def test_stale_rollouts_in_two_processes_lag_by_k_on_every_rank(runs):
+    """rollout_staleness = 2 under DDP: step t samples with the weights the policy had at the start
+    of step max(0, t - 2), on each rank, and the ranks' samplers agree bit for bit."""
+    ranks = json.loads((runs / "two" / "stale.json").read_text())
+    assert len(ranks) == 2
+    for record in ranks:
+        starts, sampled = record["starts"], record["sampled"]
+        assert record["versions"] == [0, 0, 0, 1, 2]
+        assert sampled == [starts[max(0, t - 2)] for t in range(5)]
+        assert len(set(starts)) == 5  # the policy moved every step, so the lag is visible
+    assert ranks[0] == ranks[1]

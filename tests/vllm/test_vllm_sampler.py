@@ -206,3 +206,28 @@ def test_grpo_on_vllm_learns_in_20_steps(tmp_path):
     trainer = RLTrainer(config)
     rewards = [trainer.train_step()["reward"] for _ in range(20)]
     assert sum(rewards[-5:]) / 5 >= sum(rewards[:5]) / 5 + 0.05, rewards
+
+
+def test_a_stale_run_samples_on_the_engine_with_the_weights_of_k_steps_before(tmp_path):
+    """rollout_staleness = 2 on vLLM: the engine is built on the frozen sampler copy and syncs
+    from it, so its log-probs are those of the k-steps-old weights (within TOL), not the
+    policy's. The loop's own gap metric shows it: step 0 samples with the current weights, steps
+    1 and 2 still with step 0's while the policy has moved."""
+    pytest.importorskip("vllm")
+    from ppo.trainer import RLTrainer
+
+    config = preset("grpo", testbed=True, total_steps=3, eval_every=0, save_every=0, progress=False, threads=1,
+                    device="cpu", output_dir=str(tmp_path), generation_backend="vllm", vllm_kv_cache_gb=0.05, seed=0,
+                    rollout_staleness=2)
+    stale = RLTrainer(config)
+    history = stale.state.policy_history
+    assert stale.vllm_sampler.policy is history.sampler and history.sampler is not stale.policy_module
+    gaps = []
+    for _ in range(3):
+        gaps.append(stale.train_step()["rollout_logprob_gap_max"])
+        torch.manual_seed(0)
+        rollout = stale.vllm_sampler.generate(history.sampler, stale.tokenizer, PROMPTS, 16,
+                                              stop_token_ids=stale.stop_token_ids)
+        assert gap(history.sampler, rollout) < TOL  # the engine holds the sampler's (old) weights
+        assert gap(stale.policy_module, rollout) > 10 * TOL  # ... which the trained policy has left
+    assert gaps[0] < TOL and min(gaps[1:]) > 10 * TOL, gaps

@@ -350,7 +350,7 @@ def inert_settings(config) -> list[tuple[str, str]]:
     if not (scaled or (est == "dr_grpo" and config.grpo_scale == "none")):
         inert("grpo_scale", f"advantage_estimator={est!r} does not read it", "use advantage_estimator='grpo'")
     if not (est == "gdpo" or (scaled and config.grpo_scale != "none")):
-        why = (f"grpo_scale='none' divides by no std" if scaled
+        why = ("grpo_scale='none' divides by no std" if scaled
                else f"advantage_estimator={est!r} divides by no std")
         inert("grpo_eps", why, "use advantage_estimator='grpo' with grpo_scale 'group' or 'batch'")
     if not (est == "gdpo" or (scaled and config.grpo_scale == "group")):

@@ -194,6 +194,14 @@ def validate(config) -> None:
     if config.minibatch_size % config.gradient_accumulation_steps:
         bad("gradient_accumulation_steps",
             f"must divide the minibatch size ({config.minibatch_size} = rollout_batch_size / num_minibatches)")
+    if config.advantage_estimator == "gdpo":  # it normalises the named components, not the summed score
+        if config.kl_placement == "reward" and config.kl_coef > 0:
+            bad("kl_placement", "advantage_estimator='gdpo' reads the reward components (correctness, format, length), "
+                "so a KL in the reward would never reach the advantage: use kl_placement='loss'")
+        for name in ("overlong_buffer_length", "reward_clip", "whiten_rewards"):
+            if getattr(config, name):
+                bad(name, "acts on the summed score, which advantage_estimator='gdpo' does not read (it normalises "
+                    "the components correctness, format, length); turn it off")
     if config.advantage_estimator in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "maxrl", "grpo_passk",
                                       "gdpo") and config.group_size < 2:
         bad("group_size", f"must be >= 2 for advantage_estimator={config.advantage_estimator!r}")

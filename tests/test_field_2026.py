@@ -141,7 +141,7 @@ def test_maxrl_matches_skyrl_and_prime_rl():
     scores = torch.rand(24)
     grouped = scores.view(-1, 4)
     mean = grouped.mean(-1, keepdim=True)
-    skyrl = (grouped - mean) / (mean + 1e-6)  # S L1396-1431 compute_maxrl_advantage, epsilon 1e-6
+    skyrl = (grouped - mean) / (mean + 1e-6)  # S L1396-1428 compute_maxrl_advantage, epsilon 1e-6
     prime = torch.where(mean <= 0, torch.zeros_like(grouped), (grouped - mean) / mean)  # P L22-26 score_group
     ours = maxrl_advantages(scores, 4).view(-1, 4)
     assert torch.allclose(ours, skyrl, atol=1e-6)

@@ -3,7 +3,8 @@
 AlpacaFarm's fixed-width semantics, where the critic and the score sit, the policy-loss
 family (ppo/algorithm/policy_losses.py) and the loss reductions, the critic's details (warm-up, value pretraining, decoupled
 and length-adaptive lambda, REINFORCE++, ReMax), the KL estimators' gradients, the
-sampler-trainer mismatch correction, the off-policy corrections and DPPO, and reference refresh. Each entry is a base preset and
+sampler-trainer mismatch correction, the off-policy corrections and DPPO, reference refresh, and the
+field's 2026 additions (SAPO, GPG, MaxRL, pass@k, GDPO, token_sum, abs+, VAPO's positive NLL). Each entry is a base preset and
 its variants as config overrides, like every other entry of the registry.
 """
 
@@ -281,4 +282,61 @@ register(
                 ("stale_4", "final_sampled_accuracy"), +1, "final_sampled_accuracy", _STALENESS_SEEDS,
                 family="corrections at a lag of 4") for name in _CORRECTIONS),
     ),
+)
+
+# ---------------------------------------------------------------------- the field's 2026 additions
+# The sweep of issue 63: the new policy losses and advantage estimators against GRPO, every arm
+# off-policy (2 epochs x 2 minibatches) so the losses can differ from PPO's at all, 3 seeds.
+# At 3 seeds the testbed's noise budget (ablations/noise.py, docs/testbed.md) resolves
+# accuracy differences of several points, not one: it can show a loss or an estimator that breaks or clearly helps
+# GRPO here, and the metrics that say why (gate, advantage size, zero-advantage groups).
+register(
+    "field_2026",
+    "Off-policy (2 epochs x 2 minibatches), do SAPO's soft gate or GPG's unclipped -A log pi, or MaxRL's "
+    "mean-normalised, pass@k's best-only or GDPO's per-component advantages train GRPO differently?",
+    [Variant("grpo", GRPO, OFF_POLICY),
+     Variant("sapo", GRPO, {**OFF_POLICY, "policy_loss": "sapo"}),
+     Variant("gpg", GRPO, {**OFF_POLICY, "policy_loss": "gpg"}),
+     Variant("maxrl", GRPO, {**OFF_POLICY, "advantage_estimator": "maxrl"}),
+     Variant("grpo_passk", GRPO, {**OFF_POLICY, "advantage_estimator": "grpo_passk"}),
+     Variant("gdpo", GRPO, {**OFF_POLICY, "advantage_estimator": "gdpo"})],
+    metric="accuracy", extra_metrics=("entropy", "clipfrac", "sapo_gate_mean", "advantage_abs_mean",
+                                      "zero_advantage_group_frac", "approx_kl", "response_length"),
+    steps=40, seeds=3,
+)
+
+register(
+    "reward_components",
+    "With a format and a length reward beside correctness, does normalising each component in its group "
+    "(GDPO) train differently from normalising their sum (GRPO)?",
+    [Variant("sum_then_normalize", GRPO, {"format_reward_coef": 0.2, "length_reward_coef": 0.2}),
+     Variant("gdpo", GRPO, {"format_reward_coef": 0.2, "length_reward_coef": 0.2, "advantage_estimator": "gdpo"})],
+    metric="accuracy", extra_metrics=("reward_correctness", "reward_format", "reward_length", "response_length"),
+)
+
+register(
+    "token_sum",
+    "GRPO's loss summed over every token (verl token-sum: no normaliser, the step grows with the batch's "
+    "tokens) against the token mean: does the scale change accuracy or the length of answers?",
+    [Variant("token_mean", GRPO, {"loss_agg": "token_mean"}),
+     Variant("token_sum", GRPO, {"loss_agg": "token_sum"})],
+    metric="accuracy", extra_metrics=("response_length", "pg_loss", "policy_grad_norm"),
+)
+
+register(
+    "kl_abs_plus",
+    "The KL in GRPO's loss as abs (gradient sign(log ratio)) or abs+ (the value of abs, the gradient of k2, "
+    "verl's straight-through): does the KL to the reference stay smaller with the unbiased gradient?",
+    [Variant("abs", GRPO, {"kl_estimator": "abs"}),
+     Variant("abs+", GRPO, {"kl_estimator": "abs+"})],
+    metric="accuracy", extra_metrics=("kl_k1", "kl", "kl_loss"),
+)
+
+register(
+    "positive_nll",
+    "GRPO plus VAPO's NLL loss on the correct responses (mu = 0.1): are the right answers learned faster, "
+    "and at what cost in entropy?",
+    [Variant("grpo", GRPO),
+     Variant("positive_nll_0.1", GRPO, {"positive_nll_coef": 0.1})],
+    metric="accuracy", extra_metrics=("entropy", "positive_nll", "response_length"),
 )

@@ -22,6 +22,11 @@ Implementation details that live here:
   `reinforce_plus_plus_baseline`, `remax`): the discounted sum of the per-token rewards
   (the KL penalty included) from each token on, so a token is credited only with what
   follows it; REINFORCE++ then whitens over the whole batch (arXiv 2501.03262).
+- **Group estimators of 2026** (`maxrl`, `grpo_passk`, `gdpo`; `gae/group.py`): MaxRL's
+  mean-normalised advantage, pass@k credit for a group's best response, and GDPO's
+  per-component normalisation of the named reward components.
+- **Failed samples out of the baseline** (`sample_mask`): the group estimators take their
+  statistics over the samples whose score counts; the others get advantage 0.
 - **Every estimator takes every keyword** (plus ``**kwargs``) and ignores what it does not
   need, so one call site serves all of them.
 """
@@ -35,7 +40,7 @@ import torch
 from einops import rearrange
 
 from .gae import compute_gae, length_adaptive_lambda
-from .group import group_advantages, rloo_advantages
+from .group import gdpo_advantages, group_advantages, maxrl_advantages, passk_advantages, rloo_advantages
 from .whiten import population_moments, whiten
 
 AdvantageEstimator = Callable[..., tuple[torch.Tensor, torch.Tensor]]
@@ -83,6 +88,9 @@ def estimate_advantages(
     lam_length_alpha: float | None = None,
     response_lengths: torch.Tensor | None = None,
     reward_baselines: torch.Tensor | None = None,
+    sample_mask: torch.Tensor | None = None,
+    reward_components: torch.Tensor | None = None,
+    reward_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Run the advantage estimator registered as `name`.
 
@@ -108,6 +116,11 @@ def estimate_advantages(
         response_lengths: `[B]` real tokens per response, for `lam_length_alpha`; None =
             the row sums of `response_mask` (which counts padding when GAE runs over it).
         reward_baselines: `[B]` the greedy response's score per sample (``"remax"``).
+        sample_mask: `[B]` bool, the samples whose score counts; the group estimators
+            (``"grpo"``, ``"dr_grpo"``, ``"rloo"``, ``"maxrl"``, ``"grpo_passk"``, ``"gdpo"``)
+            leave the others out of their statistics and give them 0. None = all count.
+        reward_components, reward_weights: `[B, K]` raw reward components and their `[K]`
+            weights (``"gdpo"``; `ppo.algorithm.rewards.reward_components`).
 
     Returns:
         `(advantages, returns)`, both `[B, T]`, 0 outside `response_mask`.
@@ -138,6 +151,9 @@ def estimate_advantages(
         lam_length_alpha=lam_length_alpha,
         response_lengths=response_lengths,
         reward_baselines=reward_baselines,
+        sample_mask=sample_mask,
+        reward_components=reward_components,
+        reward_weights=reward_weights,
     )
 
 
@@ -199,28 +215,28 @@ def gae_estimator(*, token_rewards, response_mask, values=None, gamma=1.0, lam=1
 @register_advantage_estimator("grpo")
 def grpo_estimator(
     *, token_rewards, response_mask, group_size=1, grpo_scale="group", grpo_eps=1e-4, reduce_sum=None,
-    grpo_std_correction=0, **kwargs
+    grpo_std_correction=0, sample_mask=None, **kwargs
 ):
     """GRPO (DeepSeekMath): group-normalised outcome advantage on every response token."""
     scores = _sequence_scores(token_rewards, response_mask)  # [B*G]
-    sequence_advantages = group_advantages(scores, group_size, scale=grpo_scale, eps=grpo_eps,
-                                           reduce_sum=reduce_sum, std_correction=grpo_std_correction)  # [B*G]
+    sequence_advantages = group_advantages(scores, group_size, scale=grpo_scale, eps=grpo_eps, reduce_sum=reduce_sum,
+                                           std_correction=grpo_std_correction, valid=sample_mask)  # [B*G]
     return _broadcast_to_tokens(sequence_advantages, response_mask)
 
 
 @register_advantage_estimator("dr_grpo")
-def dr_grpo_estimator(*, token_rewards, response_mask, group_size=1, grpo_eps=1e-4, **kwargs):
+def dr_grpo_estimator(*, token_rewards, response_mask, group_size=1, grpo_eps=1e-4, sample_mask=None, **kwargs):
     """Dr. GRPO: GRPO without the std division, whatever `grpo_scale` says."""
     scores = _sequence_scores(token_rewards, response_mask)  # [B*G]
-    sequence_advantages = group_advantages(scores, group_size, scale="none", eps=grpo_eps)  # [B*G]
+    sequence_advantages = group_advantages(scores, group_size, scale="none", eps=grpo_eps, valid=sample_mask)  # [B*G]
     return _broadcast_to_tokens(sequence_advantages, response_mask)
 
 
 @register_advantage_estimator("rloo")
-def rloo_estimator(*, token_rewards, response_mask, group_size=1, **kwargs):
+def rloo_estimator(*, token_rewards, response_mask, group_size=1, sample_mask=None, **kwargs):
     """RLOO: leave-one-out baseline within each group, on every response token."""
     scores = _sequence_scores(token_rewards, response_mask)  # [B*G]
-    sequence_advantages = rloo_advantages(scores, group_size)  # [B*G]
+    sequence_advantages = rloo_advantages(scores, group_size, valid=sample_mask)  # [B*G]
     return _broadcast_to_tokens(sequence_advantages, response_mask)
 
 
@@ -314,3 +330,37 @@ def remax_estimator(*, token_rewards, response_mask, reward_baselines=None, gamm
     baseline = reward_baselines.to(returns.dtype)[:, None]  # [B, 1]
     advantages = torch.where(response_mask.bool(), returns - baseline, torch.zeros_like(returns))
     return advantages, returns
+
+
+@register_advantage_estimator("maxrl")
+def maxrl_estimator(*, token_rewards, response_mask, group_size=1, sample_mask=None, **kwargs):
+    """MaxRL (arXiv 2602.02710; SkyRL ``maxrl``, prime-rl ``max_rl``): ``(r - mean) / mean``
+    within each group, on every response token (`gae.group.maxrl_advantages`)."""
+    scores = _sequence_scores(token_rewards, response_mask)  # [B*G]
+    return _broadcast_to_tokens(maxrl_advantages(scores, group_size, valid=sample_mask), response_mask)
+
+
+@register_advantage_estimator("grpo_passk")
+def grpo_passk_estimator(*, token_rewards, response_mask, group_size=1, grpo_scale="group", grpo_eps=1e-4,
+                         grpo_std_correction=0, reduce_sum=None, sample_mask=None, **kwargs):
+    """Pass@k credit (arXiv 2503.19595; verl ``grpo_passk``): the group's best response gets
+    ``r_max - r_second_max``, scaled by `grpo_scale`, the rest 0 (`gae.group.passk_advantages`)."""
+    scores = _sequence_scores(token_rewards, response_mask)  # [B*G]
+    sequence_advantages = passk_advantages(scores, group_size, grpo_scale, grpo_eps, grpo_std_correction, reduce_sum,
+                                           valid=sample_mask)  # [B*G]
+    return _broadcast_to_tokens(sequence_advantages, response_mask)
+
+
+@register_advantage_estimator("gdpo")
+def gdpo_estimator(*, response_mask, group_size=1, grpo_eps=1e-4, grpo_std_correction=0, reduce_sum=None,
+                   sample_mask=None, reward_components=None, reward_weights=None, **kwargs):
+    """GDPO (arXiv 2601.05242; TRL ``normalize_then_sum``): each named reward component
+    z-scored within its group, their weighted sum normalised over the batch
+    (`gae.group.gdpo_advantages`). It reads the components, not the summed score in
+    `token_rewards`, so a KL in the reward would not reach it (the config refuses that)."""
+    if reward_components is None or reward_weights is None:
+        raise ValueError("advantage estimator 'gdpo' needs reward_components and reward_weights "
+                         "(ppo.algorithm.rewards.reward_components)")
+    sequence_advantages = gdpo_advantages(reward_components, reward_weights, group_size, grpo_eps, grpo_std_correction,
+                                          reduce_sum, valid=sample_mask)  # [B*G]
+    return _broadcast_to_tokens(sequence_advantages, response_mask)

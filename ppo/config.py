@@ -135,7 +135,7 @@ class PPOConfig:
     retire_mastered: bool = _f(False, "Never draw again a prompt that all G samples solved (Kimi k1.5).")
 
     # ------------------------------------------------------------------ rewards
-    nonfinite_rewards: str = _f("stop", "A NaN or infinite score: 'stop' the run before the update, or 'drop' those samples from the loss (scored at their group's finite mean, counted in dropped_samples).")
+    nonfinite_rewards: str = _f("stop", "A NaN or infinite score: 'stop' the run before the update, or 'drop' those samples from the loss and from their group's baseline statistics (counted in dropped_samples; TRL unscorable completions).")
     missing_eos: str = _f("none", "Responses without a stop token: 'none' (keep the score), 'penalty' (subtract missing_eos_penalty) or 'replace' (score becomes missing_eos_value) (TRL missing_eos_penalty; N+ implementation details).")
     missing_eos_penalty: float = _f(1.0, "Amount subtracted from the score under missing_eos='penalty' (TRL).")
     missing_eos_value: float = _f(-1.0, "Score given under missing_eos='replace' (N+ implementation details).")
@@ -149,7 +149,7 @@ class PPOConfig:
 
     # ------------------------------------------------------------------ KL to the reference
     kl_coef: float = _f(0.05, "KL coefficient beta; 0 skips the reference model entirely (AlpacaFarm 0.0067, TRL 0.05, DeepSeekMath 0.04).")
-    kl_estimator: str = _f("k1", "Per-token KL estimator: 'k1' = logp - ref, 'k2' = (logp - ref)^2 / 2, 'k3' = exp(ref - logp) - (ref - logp) - 1, 'abs', 'k1+' / 'k3+' (value of k1 / k3, gradient of k2; verl), or 'full' (exact over the vocabulary) (AlpacaFarm, TRL: k1; GRPO: k3).")
+    kl_estimator: str = _f("k1", "Per-token KL estimator: 'k1' = logp - ref, 'k2' = (logp - ref)^2 / 2, 'k3' = exp(ref - logp) - (ref - logp) - 1, 'abs', 'k1+' / 'k3+' / 'abs+' (value of k1 / k3 / abs, gradient of k2; verl), or 'full' (exact over the vocabulary) (AlpacaFarm, TRL: k1; GRPO: k3).")
     kl_clip_at_zero: bool = _f(False, "Clamp the per-token KL estimate at 0, so a negative k1 estimate is never a reward; biased upward (AlpacaFarm _shape_reward).")
     kl_loss_importance_weight: bool = _f(False, "With kl_placement='loss', weight each token's KL by pi / sg(pi_old), which makes k3's gradient unbiased (TRL use_bias_correction_kl, DeepSeek-V3.2; TRL default False).")
     log_full_kl: bool = _f(False, "Log kl_full, the exact per-token KL over the whole vocabulary, every step even when kl_estimator is not 'full' (which always logs it); two extra passes.")
@@ -173,7 +173,7 @@ class PPOConfig:
     log_rollout_mismatch: bool = _f(False, "Log the sampler-trainer mismatch (rollout_mismatch_kl, rollout_ratio_min / max) every step without correcting it; on whenever rollout_correction is.")
 
     # ------------------------------------------------------------------ advantages
-    advantage_estimator: str = _f("gae", "'gae' (PPO with a value model), or without one 'grpo', 'dr_grpo', 'rloo', 'reinforce', 'rft' (rejection-sampling fine-tuning on the kept samples), 'reinforce_plus_plus', 'reinforce_plus_plus_baseline' (REINFORCE++, arXiv 2501.03262) or 'remax' (greedy-response baseline, arXiv 2310.10505).")
+    advantage_estimator: str = _f("gae", "'gae' (PPO with a value model), or without one 'grpo', 'dr_grpo', 'rloo', 'reinforce', 'rft' (rejection-sampling fine-tuning on the kept samples), 'reinforce_plus_plus', 'reinforce_plus_plus_baseline' (REINFORCE++, arXiv 2501.03262) 'remax' (greedy-response baseline, arXiv 2310.10505), 'maxrl' ((r - mean) / mean; MaxRL, SkyRL, prime-rl), 'grpo_passk' (only the group's best response is credited, for pass@k; verl) or 'gdpo' (each reward component z-scored in its group, summed, then batch-normalised; GDPO, TRL normalize_then_sum).")
     gamma: float = _f(1.0, "GAE discount (AlpacaFarm, TRL: 1.0).")
     lam: float = _f(0.95, "GAE lambda; with gamma = lam = 1 the advantage is return minus value (AlpacaFarm 1.0, TRL 0.95).")
     lam_critic: float | None = _f(None, "GAE lambda of the critic's targets, lam then being the policy's; None = lam for both (VC-PPO decoupled GAE: critic 1.0, policy 0.95).")
@@ -197,14 +197,17 @@ class PPOConfig:
     cliprange_value: float | None = _f(0.2, "Value clipping around the old values; None = off (AlpacaFarm, TRL: 0.2).")
     vf_coef: float = _f(0.1, "Weight of the value loss (AlpacaFarm, TRL: 0.1).")
     entropy_coef: float = _f(0.0, "Weight of the entropy bonus (AlpacaFarm, TRL: 0).")
-    loss_agg: str = _f("token_mean", "How per-token losses are averaged: 'token_mean' (AlpacaFarm, TRL, DAPO), 'seq_mean_token_mean' (GRPO's per-sequence normalisation) or 'seq_mean_token_sum' (each sequence's token sum, averaged over sequences; TRL RLOO, verl) or 'seq_mean_token_sum_norm' (Dr. GRPO's constant normaliser) or 'prompt_mean' (token mean within each prompt's group, then mean over prompts; SkyRL).")
+    loss_agg: str = _f("token_mean", "How per-token losses are averaged: 'token_mean' (AlpacaFarm, TRL, DAPO), 'seq_mean_token_mean' (GRPO's per-sequence normalisation) or 'seq_mean_token_sum' (each sequence's token sum, averaged over sequences; TRL RLOO, verl) or 'seq_mean_token_sum_norm' (Dr. GRPO's constant normaliser) or 'prompt_mean' (token mean within each prompt's group, then mean over prompts; SkyRL) or 'token_sum' (the plain sum, no normaliser; verl token-sum).")
     target_kl: float | None = _f(None, "Stop a step's remaining minibatches and epochs once a minibatch's approximate KL to the rollout policy exceeds this; None = off (cleanrl target_kl).")
     mask_truncated_responses: bool = _f(False, "Leave responses that hit response_length without a stop token out of the loss (DAPO overlong filtering).")
-    policy_loss: str = _f("vanilla", "Policy loss (ppo/algorithm/policy_losses.py): 'vanilla' (PPO clip), 'gspo' / 'gspo_token' (sequence ratio; Qwen GSPO), 'cispo' (clipped stop-gradient weight; MiniMax-M1), 'geo_mean' (GMPO), 'clip_cov' / 'kl_cov' (Cui et al.), 'dppo_tv' / 'dppo_kl' (DPPO: a trust region on the probability's TV or binary KL, cliprange / cliprange_high its thresholds; prime-rl's default loss at PrimeIntellect-ai/prime-rl@559b4477, SkyRL@a9564572) (verl policy_loss.loss_mode).")
+    policy_loss: str = _f("vanilla", "Policy loss (ppo/algorithm/policy_losses.py): 'vanilla' (PPO clip), 'gspo' / 'gspo_token' (sequence ratio; Qwen GSPO), 'cispo' (clipped stop-gradient weight; MiniMax-M1), 'geo_mean' (GMPO), 'clip_cov' / 'kl_cov' (Cui et al.), 'dppo_tv' / 'dppo_kl' (DPPO: a trust region on the probability's TV or binary KL, cliprange / cliprange_high its thresholds; prime-rl's default loss at PrimeIntellect-ai/prime-rl@559b4477, SkyRL@a9564572), 'sapo' (sigmoid-gated soft trust region; Qwen SAPO, verl, TRL) or 'gpg' (-A log pi, no ratio; GPG, verl) (verl policy_loss.loss_mode).")
     cov_fraction: float = _f(2e-4, "Share of tokens clip_cov detaches and kl_cov penalises, at least one (Cui et al.; verl clip_cov_ratio / kl_cov_ratio 2e-4).")
     clip_cov_low: float = _f(1.0, "Lower bound of the covariance of the tokens clip_cov may detach (verl clip_cov_lb 1).")
     clip_cov_high: float = _f(5.0, "Upper bound of the covariance of the tokens clip_cov may detach (verl clip_cov_ub 5).")
     kl_cov_coef: float = _f(1.0, "Weight of kl_cov's |log-ratio| penalty on the highest-covariance tokens (verl ppo_kl_coef 1).")
+    sapo_tau_pos: float = _f(1.0, "policy_loss='sapo': gate temperature for positive advantages (verl tau_pos, TRL sapo_temperature_pos: 1.0).")
+    sapo_tau_neg: float = _f(1.05, "policy_loss='sapo': gate temperature for negative advantages, larger so their gradient fades sooner (verl tau_neg, TRL sapo_temperature_neg: 1.05).")
+    positive_nll_coef: float = _f(0.0, "Weight of the NLL loss on the tokens of correct responses added to the policy loss; 0 = off (VAPO positive-example LM loss: 0.1; NeMo-RL positive_example_nll_weight).")
     top_entropy_quantile: float = _f(1.0, "Train the policy loss only on this top share of tokens by entropy; 1 = all (Beyond the 80/20 Rule: 0.2; TRL top_entropy_quantile).")
     entropy_target: float | None = _f(None, "Adapt entropy_coef toward this mean token entropy, applying it only while entropy is at or below; None = fixed entropy_coef (Skywork-OR1: 0.2; TRL use_adaptive_entropy).")
     entropy_coef_step: float = _f(0.005, "Change of the adaptive entropy coefficient per optimizer step (Skywork-OR1, TRL entropy_coef_delta: 0.005).")

@@ -55,14 +55,15 @@ from ppo.run.evaluation import score_batch
 from ppo.algorithm.filtering import PromptPool, gather_pass_rates, group_pass_rates, keep_groups
 from ppo.models.forward_passes import ForwardPasses
 from ppo.algorithm.kl import make_kl_controller
-from ppo.algorithm.losses import critic_loss_mask, entropy_loss, kl_loss, value_loss
+from ppo.algorithm.losses import critic_loss_mask, entropy_loss, kl_loss, positive_nll_loss, value_loss
 from ppo.run.metrics import PhaseTimer, UpdateTally, critic_diagnostics, masked_mean, phase, step_metrics, timed_step
 from ppo.models.setup import build_models, warm_start_path
 from ppo.models.staleness import PolicyHistory
 from ppo.algorithm.policy_losses import EntropyControl, policy_loss, policy_loss_options, top_entropy_mask
 from ppo.algorithm.remax import greedy_baselines
 from ppo.algorithm.rewards import (apply_missing_eos, clip_scores, format_reward, group_kimi_length_reward, length_reward_weight,
-                      overlong_penalty, score_positions, shape_rewards, whiten_rewards, whitening_gae_mask)
+                      overlong_penalty, reward_components, score_positions, shape_rewards, whiten_rewards,
+                      whitening_gae_mask)
 from ppo.models.rollout import Rollout, decode_responses, generate, pad_to_width
 from ppo.tasks import build_task, custom_task_config
 
@@ -218,7 +219,7 @@ class RLTrainer:
         remax = cfg.advantage_estimator == "remax"  # ReMax: the greedy response's score is the baseline
         baselines = greedy_baselines(cfg, self.models, self.task, batch) if remax else None  # [B]
         advantages, returns, critic_stats = self._advantages(token_rewards, gae_mask, values, response_mask, baselines,
-                                                             rollout.response_lengths)
+                                                             rollout.response_lengths, batch, finite)
         # Responses cut off at response_length can be left out of the loss (DAPO).
         loss_mask = response_mask * rollout.has_eos.float()[:, None] if cfg.mask_truncated_responses else response_mask
         loss_mask = loss_mask * finite.float()[:, None]  # dropped non-finite scores (nonfinite_rewards='drop')
@@ -241,7 +242,8 @@ class RLTrainer:
                        response_mask=response_mask, loss_mask=loss_mask, old_logprobs=old_logprobs,
                        advantages=advantages, returns=returns, ref_logprobs=ref_logprobs, values=values,
                        ref_log_probs_full=self.passes.ref_log_probs_full,  # [B, T, V] for "full" in the loss
-                       behaviour_logprobs=rollout_correction.behaviour_logprobs(cfg, rollout, self.passes.temperature))
+                       behaviour_logprobs=rollout_correction.behaviour_logprobs(cfg, rollout, self.passes.temperature),
+                       positive_mask=loss_mask * batch.correct.float()[:, None] if cfg.positive_nll_coef > 0 else None)
         if values is not None and (cfg.value_loss_over_padding or cfg.score_position != "last_token"):
             # The critic's loss covers padding (AlpacaFarm) or the column after the last token (TRL).
             tensors["critic_mask"] = critic_loss_mask(loss_mask, cfg.value_loss_over_padding, cfg.score_position)
@@ -270,6 +272,10 @@ class RLTrainer:
         scores = apply_missing_eos(batch.raw_scores, rollout.has_eos, cfg.missing_eos,
                                    cfg.missing_eos_penalty, cfg.missing_eos_value)  # [B]
         length_coef = length_reward_weight(self.step, cfg.length_reward_coef, cfg.length_reward_warmup_steps)
+        # The score's named parts, logged one by one and normalised one by one under GDPO.
+        batch.reward_components, batch.reward_weights = reward_components(
+            scores, batch.correct, batch.well_formed, rollout.response_lengths, cfg.group_size, length_coef,
+            cfg.format_reward_coef)  # [B, 3], [3]
         if length_coef > 0:
             scores = scores + length_coef * group_kimi_length_reward(
                 rollout.response_lengths.float(), batch.correct, cfg.group_size)
@@ -293,10 +299,13 @@ class RLTrainer:
         return token_rewards, gae_mask, length_coef
 
     @phase("advantages")
-    def _advantages(self, token_rewards, gae_mask, values, response_mask, reward_baselines=None, lengths=None):
+    def _advantages(self, token_rewards, gae_mask, values, response_mask, reward_baselines=None, lengths=None,
+                    batch: ScoredBatch | None = None, valid=None):
         """Phase 6: advantages and returns ``[B, T]`` by the configured estimator, batch
         statistics over all ranks; whitened over the whole batch unless per minibatch. Also
-        the critic's diagnostics, taken before whitening (`ppo.run.metrics.critic_diagnostics`)."""
+        the critic's diagnostics, taken before whitening (`ppo.run.metrics.critic_diagnostics`).
+        `valid` ``[B]``: the samples whose score counts in the group statistics (dropped
+        non-finite scores do not); `batch` carries the reward components GDPO normalises."""
         cfg = self.config
         advantages, returns = estimate_advantages(
             cfg.advantage_estimator, token_rewards=token_rewards, response_mask=gae_mask, values=values,
@@ -304,7 +313,9 @@ class RLTrainer:
             grpo_eps=cfg.grpo_eps, grpo_std_correction=cfg.grpo_std_correction,
             reinforce_baseline=cfg.reinforce_baseline, rft_min_score=cfg.rft_min_score,
             lam_critic=cfg.lam_critic, lam_length_alpha=cfg.lam_length_alpha, response_lengths=lengths,
-            reward_baselines=reward_baselines,
+            reward_baselines=reward_baselines, sample_mask=valid,
+            reward_components=None if batch is None else batch.reward_components,
+            reward_weights=None if batch is None else batch.reward_weights,
             reduce_sum=distributed.global_sum)  # [B, T] each
         critic_stats = {} if values is None else critic_diagnostics(advantages, token_rewards, values, gae_mask,
                                                                    response_mask, cfg.gamma)
@@ -337,9 +348,11 @@ class RLTrainer:
             policy_weights, value_weights = accumulation_weights(
                 [m["loss_mask"] for m in micro_batches], cfg.loss_agg, self.skip_empty_rows, distributed.global_sum,
                 value_masks=critic_masks, group_shares=[m.get("group_share") for m in micro_batches])
+            nll_weights = accumulation_weights([m.get("positive_mask", m["loss_mask"]) for m in micro_batches],
+                                               "token_mean", reduce_sum=distributed.global_sum)[0]  # VAPO's NLL
             minibatch_approx_kl = minibatch_loss = 0.0  # the loss is checked for NaN before stepping
             entropy_coef = self.entropy_control.applied  # one coefficient for the whole minibatch
-            for micro, weight, value_weight in zip(micro_batches, policy_weights, value_weights):
+            for micro, weight, value_weight, nll_weight in zip(micro_batches, policy_weights, value_weights, nll_weights):
                 outputs = self.passes.update(micro)  # logprobs, entropy (, values): [b, T], with autograd
                 logprobs, entropy, mask = outputs["logprobs"], outputs["entropy"], micro["loss_mask"]
                 agg = dict(loss_agg=cfg.loss_agg, max_len=cfg.response_length, skip_empty_rows=self.skip_empty_rows,
@@ -361,7 +374,12 @@ class RLTrainer:
                 self.entropy_control.observe(entropy, mask)
                 if entropy_coef > 0:
                     loss = loss - entropy_coef * entropy_value
-                loss = loss * weight if train_policy else 0.0  # warm-up: no policy gradient at all
+                loss = loss * weight
+                if cfg.positive_nll_coef > 0:  # VAPO: also imitate the correct responses (weighted by their tokens)
+                    nll_term, nll_metrics = positive_nll_loss(logprobs, micro["positive_mask"])
+                    loss = loss + cfg.positive_nll_coef * nll_weight * nll_term
+                    metrics.update(nll_metrics)
+                loss = loss if train_policy else 0.0  # warm-up: no policy gradient at all
                 value_metrics = {}
                 if self.value_model is not None:
                     vf_loss, value_metrics = value_loss(outputs["values"], micro["values"], micro["returns"],
@@ -376,8 +394,9 @@ class RLTrainer:
                 tally.add(metrics, weight, value_metrics, value_weight)
             tally.add_optimizer_step({**self._optimizer_step(minibatch_loss, train_policy), "entropy_coef": entropy_coef})
             self.entropy_control.update(distributed.global_sum)
-            if cfg.target_kl is not None:  # cleanrl-style early stop of the remaining epochs
-                minibatch_approx_kl = float(distributed.global_sum(torch.tensor(minibatch_approx_kl)))
+            if cfg.target_kl is not None:  # cleanrl-style early stop; token_sum's weights add up to more than 1
+                kl_sum, weight_sum = distributed.global_sum(torch.tensor([minibatch_approx_kl, sum(policy_weights)]))
+                minibatch_approx_kl = float(kl_sum) / max(float(weight_sum), 1e-12)
                 stop_early = distributed.any_rank(minibatch_approx_kl > cfg.target_kl)  # same on every rank
         return tally.result(stop_early)
 

@@ -37,6 +37,7 @@ AGG_MASK = torch.tensor([[1, 1, 1], [1, 0, 0]])
         ("token_mean", 2.5),  # (1+2+3+4) / 4
         ("seq_mean_token_mean", 3.0),  # (2 + 4) / 2
         ("seq_mean_token_sum_norm", 10.0 / 6.0),  # 10 / (2*3)
+        ("token_sum", 10.0),  # 1+2+3+4, no normaliser (verl token-sum)
     ],
 )
 def test_aggregate_modes(mode, expected):
@@ -47,7 +48,7 @@ def test_aggregate_modes_give_different_numbers():
     # prompt_mean needs groups; its own three-way example is below
     modes = [mode for mode in LOSS_AGG_MODES if mode != "prompt_mean"]
     results = {round(aggregate(AGG_VALUES, AGG_MASK, mode).item(), 4) for mode in modes}
-    assert len(results) == len(modes) == 4
+    assert len(results) == len(modes) == 5
 
 
 PROMPT_VALUES = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0], [7.0, 8.0, 9.0]])

@@ -97,7 +97,8 @@ def accumulation_weights(loss_masks: list[torch.Tensor], loss_agg: str, skip_emp
     *global* minibatch. `value_masks` are the critic's own masks where they differ from the
     loss masks (`ppo.algorithm.losses.critic_loss_mask`); its token shares are counted over them.
     `group_shares` (`prompt_mean` only, `with_group_shares`) count each micro-batch's units
-    as the fractions of prompt groups it holds.
+    as the fractions of prompt groups it holds. Under `token_sum` every weight is 1 (so the
+    policy weights then add up to the number of micro-batches, not to 1).
 
     Worked example, two micro-batches with 3 and 1 loss tokens in one row each, under
     `seq_mean_token_mean`: policy weights [0.5, 0.5] (one sequence each), value weights
@@ -108,6 +109,8 @@ def accumulation_weights(loss_masks: list[torch.Tensor], loss_agg: str, skip_emp
     reduce_sum = reduce_sum or (lambda total: total)
 
     def shares(masks: list[torch.Tensor], mode: str, skip: bool, groups=None) -> list[float]:
+        if mode == "token_sum":  # a sum has no normaliser: every micro-batch counts in full
+            return [1.0] * len(masks)
         groups = groups or [None] * len(masks)
         units = [loss_units(mask, mode, skip, group).double() for mask, group in zip(masks, groups)]
         total = float(reduce_sum(torch.stack(units).sum()))

@@ -52,6 +52,8 @@ class ScoredBatch:
     raw_scores: torch.Tensor  # [B] the reward trained on (the task's, or the reward model's)
     correct: torch.Tensor  # [B] bool, the task's verdict
     well_formed: torch.Tensor | None = None  # [B] bool, the task's format verdict (format reward)
+    reward_components: torch.Tensor | None = None  # [B, 3] correctness, format, length (set in phase 5)
+    reward_weights: torch.Tensor | None = None  # [3] their weights in the summed score
     # Every group generated for this batch (kept or not): for retire_mastered and the cost.
     seen_problems: list = field(default_factory=list)  # [groups seen] one Problem per group
     seen_pass_rates: torch.Tensor | None = None  # [groups seen]

@@ -17,8 +17,11 @@ Implementation details that live here:
   - ``"k3"`` = ``exp(-log_ratio) + log_ratio - 1``: always >= 0 *and* unbiased; GRPO puts
     it in the loss (DeepSeekMath).
   - ``"abs"`` = ``|log_ratio|``: always >= 0, biased.
-  - ``"k1+"`` / ``"k3+"``: straight-through: the value of k1 / k3, the gradient of k2 (verl
-    `kl_penalty`, verl/trainer/ppo/core_algos.py). In the loss, k2's gradient
+  - ``"k1+"`` / ``"k3+"`` / ``"abs+"``: straight-through: the value of k1 / k3 / abs, the
+    gradient of k2 (verl `kl_penalty`, verl/trainer/ppo/core_algos.py; verl documents the
+    ``+`` suffix for any of its estimators, docs/algo/grpo.md). ``"abs+"`` logs a KL that is
+    never negative, as ``"abs"`` does, but its gradient is k2's, not ``sign(log_ratio)``.
+    In the loss, k2's gradient
     ``log_ratio * grad(logp)`` has the expectation of the true KL gradient under samples from
     pi; k1's has expectation 0 and k3's is the gradient of KL(ref || pi), the forward KL (the
     reverse KL is the KL(pi || ref) its value estimates).
@@ -50,7 +53,7 @@ from __future__ import annotations
 import torch
 
 KL_ESTIMATORS = ("k1", "k2", "k3", "abs")
-STRAIGHT_THROUGH_ESTIMATORS = ("k1+", "k3+")  # verl; the exact "full" KL is `full_kl`
+STRAIGHT_THROUGH_ESTIMATORS = ("k1+", "k3+", "abs+")  # verl; the exact "full" KL is `full_kl`
 
 
 def kl_penalty(
@@ -87,6 +90,7 @@ def kl_penalty(
         k3  = [[0.10653, 0.71828, 0.0]]   # e^-0.5 + 0.5 - 1, e^1 - 1 - 1
         abs = [[0.5,     1.0,    0.0]]
         k1 with clip_at_zero -> [[0.5, 0.0, 0.0]]
+        abs+ -> the value of abs; d/d logprobs = log_ratio = [[0.5, -1.0, 0.0]] (k2's gradient)
     """
     if estimator not in KL_ESTIMATORS + STRAIGHT_THROUGH_ESTIMATORS:
         raise ValueError(f"unknown estimator={estimator!r}; expected one of "

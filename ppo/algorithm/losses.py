@@ -9,7 +9,8 @@ Implementation details that live here:
   over sequences: REINFORCE on the whole sequence's log-probability, TRL RLOO, verl
   `seq-mean-token-sum`) and `seq_mean_token_sum_norm` (Dr. GRPO's fix: a constant
   normaliser; AlpacaFarm's `.mean()` over a batch padded to `response_len`) and
-  `prompt_mean` (SkyRL: a token mean inside each prompt's group, averaged over prompts).
+  `prompt_mean` (SkyRL: a token mean inside each prompt's group, averaged over prompts)
+  and `token_sum` (every masked token summed, no normaliser at all; verl `token-sum`).
   `loss_units` says what each mode divides by, which is what makes gradient accumulation
   exact (`ppo.algorithm.buffer.accumulation_weights`).
 - **The policy loss** (`policy_loss`, re-exported from `ppo/algorithm/policy_losses.py`): a registry
@@ -19,6 +20,8 @@ Implementation details that live here:
   around the old values (AlpacaFarm, TRL; "The N+ Implementation Details of RLHF with PPO").
   `critic_loss_mask` says which positions it covers: AlpacaFarm's critic is trained on
   padding too (`PPOConfig.value_loss_over_padding`), TRL's one column past the last token.
+- **Positive-example NLL** (`positive_nll_loss`, VAPO): the language-model loss on the
+  correct responses, added to the policy loss (`PPOConfig.positive_nll_coef`).
 - **Entropy bonus** (`entropy_loss`) and **KL in the loss** (`kl_loss`, GRPO's k3 estimator
   to the reference policy, DeepSeekMath).
 - **Diagnostics**: clip fractions, approximate KL to the old policy, ratio statistics and
@@ -32,7 +35,8 @@ from __future__ import annotations
 
 import torch
 
-LOSS_AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "prompt_mean")
+LOSS_AGG_MODES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "prompt_mean",
+                  "token_sum")
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -77,6 +81,11 @@ def aggregate(
       row's share of its group, its masked tokens over the group's, so that a group split
       over micro-batches or minibatch rows still counts once. A row's token weighs
       `group_share / row_tokens` = 1 / group_tokens, and the units are the groups.
+    - `"token_sum"`: the sum over all masked tokens, with no normaliser (verl `token-sum`,
+      the aggregation of its REINFORCE bypass recipe). Every token weighs 1 whatever the
+      batch holds, so the gradient grows with the number of tokens: a larger batch or longer
+      answers take a larger step (the learning rate absorbs the scale). Exact under
+      accumulation and across processes with weight 1 per micro-batch (`loss_units` is 1).
 
     Why per-sequence normalisation lets long wrong answers escape their penalty. Take two
     wrong answers with advantage A = -1, one 10 tokens long and one 100 tokens long. Under
@@ -97,7 +106,8 @@ def aggregate(
 
     Worked example, values `[[1, 2, 3], [4, 5, 6]]`, mask `[[1, 1, 1], [1, 0, 0]]`:
     token_mean = (1+2+3+4)/4 = 2.5; seq_mean_token_mean = (2 + 4)/2 = 3.0;
-    seq_mean_token_sum = (6 + 4)/2 = 5.0; seq_mean_token_sum_norm = 10/(2*3) = 1.667. With mask `[[1, 1, 1], [0, 0, 0]]`,
+    seq_mean_token_sum = (6 + 4)/2 = 5.0; seq_mean_token_sum_norm = 10/(2*3) = 1.667;
+    token_sum = 1+2+3+4 = 10. With mask `[[1, 1, 1], [0, 0, 0]]`,
     seq_mean_token_mean = 2/2 = 1.0, or 2/1 = 2.0 with `skip_empty_rows`. Under
     `prompt_mean`, values `[[1, 2, 3], [4, 5, 6], [7, 8, 9]]`, mask `[[1, 1, 1], [1, 0, 0],
     [1, 1, 0]]`, rows 0-1 one prompt and row 2 another: group means (1+2+3+4)/4 = 2.5 and
@@ -113,8 +123,8 @@ def aggregate(
     if mode == "prompt_mean":
         token_weight = group_share.to(values.dtype) / is_real.sum(-1).clamp(min=1)  # [B]: 1 / group tokens
         return (masked.sum(-1) * token_weight).sum() / units
-    if mode == "token_mean":
-        return masked.sum() / units
+    if mode in ("token_mean", "token_sum"):
+        return masked.sum() / units  # token_sum: units is 1
     if mode == "seq_mean_token_mean":
         seq_means = masked.sum(-1) / is_real.sum(-1).clamp(min=1)  # [B]
         return seq_means.sum() / units
@@ -134,7 +144,8 @@ def loss_units(mask: torch.Tensor, mode: str = "token_mean", skip_empty_rows: bo
                group_share: torch.Tensor | None = None) -> torch.Tensor:
     """What `aggregate` divides by (before `max_len`), in units that add up over micro-batches.
 
-    Tokens in the mask under `token_mean`; sequences under the three `seq_mean` modes (only
+    Tokens in the mask under `token_mean`; 1 under `token_sum` (a sum has no normaliser, so
+    each micro-batch weighs 1 and the weighted sum is the minibatch's sum); sequences under the three `seq_mean` modes (only
     the rows with a token in the mask when `skip_empty_rows`); prompt groups under
     `prompt_mean`, the sum of the rows' `group_share` (a micro-batch holding half of a
     group's tokens counts half a group; `skip_empty_rows` is already in the shares,
@@ -150,6 +161,8 @@ def loss_units(mask: torch.Tensor, mode: str = "token_mean", skip_empty_rows: bo
     is_real = mask.bool()
     if mode == "token_mean":
         return is_real.sum().float()
+    if mode == "token_sum":
+        return torch.tensor(1.0, device=mask.device)
     if mode == "prompt_mean":
         if group_share is None:
             raise ValueError("loss_agg='prompt_mean' needs each row's group_share (ppo.algorithm.losses.group_shares)")
@@ -193,7 +206,8 @@ def token_loss_weights(mask: torch.Tensor, mode: str = "token_mean", max_len: in
     `seq_mean_token_mean` a row of length L gets N / (B * L): long rows' tokens weigh less,
     which is how GRPO's per-sequence normalisation lets long wrong answers escape their
     penalty. Under `seq_mean_token_sum` every row gets N / B; under `seq_mean_token_sum_norm`
-    every row gets N / (B * max_len); under `prompt_mean` N / (groups * group tokens).
+    every row gets N / (B * max_len); under `prompt_mean` N / (groups * group tokens); under
+    `token_sum` N.
     Rows with no
     masked token get 0. The trainer logs these for incorrect responses (the
     `loss_weight_incorrect_*` metrics) to show how much less push long wrong answers got.
@@ -210,7 +224,7 @@ def token_loss_weights(mask: torch.Tensor, mode: str = "token_mean", max_len: in
     units = _nonzero(loss_units(mask, mode, skip_empty_rows, group_share))
     if mode == "prompt_mean":
         per_token = group_share.float() / (units * lengths.clamp(min=1))
-    elif mode == "token_mean":
+    elif mode in ("token_mean", "token_sum"):
         per_token = torch.ones_like(lengths) / units
     elif mode == "seq_mean_token_mean":
         per_token = 1.0 / (units * lengths.clamp(min=1))
@@ -291,6 +305,26 @@ def critic_loss_mask(loss_mask: torch.Tensor, over_padding: bool = False,
     if over_padding:
         return loss_mask.amax(-1, keepdim=True).expand_as(loss_mask).clone()  # [B, T]
     return score_positions(loss_mask, score_position)  # [B, T]
+
+
+def positive_nll_loss(logprobs: torch.Tensor, positive_mask: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """VAPO's positive-example language-model loss: the mean negative log-likelihood of the
+    tokens of the correct responses, ``[b, T]`` in, a scalar out.
+
+    VAPO (Yue et al. 2025, arXiv 2504.05118, sec. 3.3, eq. 10) adds ``mu * L_NLL`` to the
+    policy loss, where ``L_NLL = -(1 / sum |o_i|) sum_i sum_t log pi(o_it)`` over the correct
+    responses ``o_i`` of the batch (mu = 0.1): the few right answers the policy finds are
+    imitated as well as reinforced, so they are learned faster. `positive_mask` is the loss
+    mask times the response's verdict. A token mean over those tokens, so gradient
+    accumulation is exact with each micro-batch weighted by its share of the minibatch's
+    positive tokens (`ppo.algorithm.buffer.accumulation_weights` under ``"token_mean"``).
+    NeMo-RL (`positive_example_nll_weight`) divides by each micro-batch's own count instead.
+
+    Worked example, logprobs [[-1, -2], [-3, -4]], positive mask [[1, 1], [0, 0]]:
+    NLL = (1 + 2) / 2 = 1.5. No positive token: 0.
+    """
+    loss = aggregate(-logprobs, positive_mask, "token_mean")
+    return loss, {"positive_nll": loss.item()}
 
 
 def entropy_loss(

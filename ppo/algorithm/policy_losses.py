@@ -24,6 +24,12 @@ Implementation details that live here:
   no ratio clip; a token whose probability has moved past a trust region, measured on the
   probability itself (total variation) or on the binary KL, in the direction its advantage
   asks for, loses its gradient.
+- **`sapo`** (Qwen, SAPO, arXiv 2511.20347; verl, TRL `loss_type="sapo"`): no hard clip; the
+  ratio passes through a sigmoid gate whose slope at ratio 1 is PPO's, so a token's gradient
+  fades smoothly as its ratio leaves 1, faster for negative advantages.
+- **`gpg`** (GPG, arXiv 2504.02546; verl `compute_policy_loss_gpg`): ``-A log pi``, plain
+  policy gradient with no ratio and no clip. With `rollout_correction` weights folded into
+  the advantage it is verl's `compute_policy_loss_reinforce` with importance weights.
 - **`top_entropy_mask`** (Wang et al., "Beyond the 80/20 Rule"; TRL `top_entropy_quantile`):
   train only on the highest-entropy tokens.
 - **Off-policy sequence masking** (`PPOConfig.off_policy_mask_threshold`; DeepSeek-V3.2):
@@ -96,6 +102,8 @@ def policy_loss(
     clip_cov_low: float = 1.0,
     clip_cov_high: float = 5.0,
     kl_cov_coef: float = 1.0,
+    sapo_tau_pos: float = 1.0,
+    sapo_tau_neg: float = 1.05,
     generator: torch.Generator | None = None,
     behaviour_logprobs: torch.Tensor | None = None,
     off_policy_mask_threshold: float | None = None,
@@ -112,6 +120,7 @@ def policy_loss(
         train_on: optional `[B, T]` bool, the tokens that get a gradient (`top_entropy_mask`);
             the others count in the denominator but add 0, as TRL masks them.
         cov_fraction, clip_cov_low, clip_cov_high, kl_cov_coef: `clip_cov` / `kl_cov` settings.
+        sapo_tau_pos, sapo_tau_neg: `sapo`'s gate temperatures for A > 0 and A <= 0.
         generator: draws `clip_cov`'s random tokens.
         behaviour_logprobs, off_policy_mask_threshold: DeepSeek-V3.2's off-policy sequence mask
             (`off_policy_sequence_mask`) against the sampler's `[B, T]` log-probs (the old
@@ -133,7 +142,8 @@ def policy_loss(
     per_token, metrics = POLICY_LOSSES[name](
         logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=response_mask,
         clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, cov_fraction=cov_fraction,
-        clip_cov_low=clip_cov_low, clip_cov_high=clip_cov_high, kl_cov_coef=kl_cov_coef, generator=generator)
+        clip_cov_low=clip_cov_low, clip_cov_high=clip_cov_high, kl_cov_coef=kl_cov_coef, sapo_tau_pos=sapo_tau_pos,
+        sapo_tau_neg=sapo_tau_neg, generator=generator)
     if train_on is not None:
         per_token = torch.where(train_on.bool(), per_token, torch.zeros_like(per_token))  # [B, T]
     if off_policy_mask_threshold is not None:
@@ -260,6 +270,7 @@ def policy_loss_options(config) -> dict:
     return dict(name=config.policy_loss, clip_low=config.cliprange, clip_high=config.cliprange_high,
                 dual_clip=config.dual_clip, cov_fraction=config.cov_fraction, clip_cov_low=config.clip_cov_low,
                 clip_cov_high=config.clip_cov_high, kl_cov_coef=config.kl_cov_coef,
+                sapo_tau_pos=config.sapo_tau_pos, sapo_tau_neg=config.sapo_tau_neg,
                 off_policy_mask_threshold=config.off_policy_mask_threshold)
 
 
@@ -576,3 +587,62 @@ def dppo_kl(*, logprobs, old_logprobs, advantages, mask, clip_low, clip_high, **
         return torch.where(p > mu, kl, torch.zeros_like(kl)), torch.where(p < mu, kl, torch.zeros_like(kl))
 
     return _dppo(logprobs, old_logprobs, advantages, mask, clip_low, clip_high, binary_kl)
+
+
+@register_policy_loss("sapo")
+def sapo(*, logprobs, old_logprobs, advantages, mask, sapo_tau_pos=1.0, sapo_tau_neg=1.05, **settings):
+    """SAPO (Qwen, "Soft Adaptive Policy Optimization", arXiv 2511.20347): a soft trust region.
+
+    PPO's clip cuts a token's gradient to 0 the moment its ratio leaves the band; SAPO
+    replaces the ratio by a sigmoid gate of it, with temperature ``tau``::
+
+        f(r)   = sigmoid(tau * (r - 1)) * 4 / tau          (f(1) = 2 / tau, f'(1) = 1)
+        loss_t = -f(r_t) * A_t                                                    [B, T]
+        tau    = sapo_tau_pos if A_t > 0 else sapo_tau_neg
+
+    The gradient ``A * 4 sigmoid'(tau (r - 1)) * r * grad log pi`` is PPO's at r = 1 and decays
+    smoothly as r moves either way, so a far-off token still gets a small, bounded push
+    instead of none. A larger ``tau_neg`` makes the decay faster for negative advantages,
+    whose updates the paper finds less stable. Defaults 1.0 / 1.05 (verl `tau_pos` /
+    `tau_neg`; TRL `sapo_temperature_pos` / `_neg`). verl aggregates SAPO with
+    `seq_mean_token_mean` whatever its `loss_agg_mode`; here `loss_agg` applies, so
+    ``loss_agg="seq_mean_token_mean"`` is verl's. The loss value is not PPO's (at r = 1 it is
+    ``-2A / tau``), so `pg_loss` compares only between SAPO runs.
+
+    Worked example, A = +1, tau = 1: r = 1 gives f = 4 * 0.5 = 2 and gradient 1 (PPO's);
+    r = 1.5 gives f = 4 * sigmoid(0.5) = 2.4492 and d loss / d log r = -4 sigmoid'(0.5) * 1.5
+    = -1.4100 (4 * 0.2350 * 1.5), where PPO with clip 0.2 gives 0.
+
+    Metrics: `sapo_gate_mean` (mean of ``4 sigmoid'(tau (r - 1))``, the gradient's share left
+    at each token, 1 on-policy).
+    """
+    ratio = torch.exp(logprobs - old_logprobs)  # [B, T]
+    tau = torch.where(advantages > 0, torch.full_like(ratio, sapo_tau_pos), torch.full_like(ratio, sapo_tau_neg))
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * 4.0 / tau  # [B, T]
+    per_token = -gate * advantages  # [B, T]
+    with torch.no_grad():
+        s = torch.sigmoid(tau * (ratio - 1.0))
+        metrics = {"sapo_gate_mean": _masked_mean(4.0 * s * (1.0 - s), mask).item()}
+    return per_token, metrics
+
+
+@register_policy_loss("gpg")
+def gpg(*, logprobs, advantages, **settings):
+    """GPG (Chu et al. 2025, "GPG: A Simple and Strong Reinforcement Learning Baseline",
+    arXiv 2504.02546; verl `compute_policy_loss_gpg`): the plain policy gradient::
+
+        loss_t = -A_t * log pi(y_t)                                              [B, T]
+
+    No ratio, no clip, no old policy: REINFORCE on each token. On-policy its gradient is
+    PPO's; off-policy (several epochs or minibatches) nothing bounds the step. Its value is
+    ``-A log pi``, not a surrogate (`pg_loss` is not comparable with PPO's).
+
+    verl's `compute_policy_loss_reinforce` (REINFORCE with importance weights, its
+    rollout-correction bypass loss) is ``-A * log pi * w`` with ``w`` the detached
+    sampler-to-trainer weights; here `rollout_correction` folds ``w`` into the advantage
+    before the loss, so ``policy_loss="gpg"`` with ``rollout_correction="token_tis"`` is that
+    loss (`tests/test_field_2026.py` checks both to 1e-6). GPG's paper also rescales the
+    advantage by the batch's share of non-zero-advantage samples (verl's ``gpg`` estimator);
+    that is not offered.
+    """
+    return -advantages * logprobs, {}

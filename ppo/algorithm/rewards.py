@@ -356,3 +356,31 @@ def overlong_penalty(lengths: torch.Tensor, max_length: int, buffer_length: int,
         return torch.zeros_like(lengths, dtype=torch.float)
     excess = lengths.float() - (max_length - buffer_length)  # [B]
     return torch.clamp(-excess / buffer_length * factor, max=0.0)
+
+
+REWARD_COMPONENTS = ("correctness", "format", "length")
+
+
+def reward_components(scores: torch.Tensor, correct: torch.Tensor, well_formed: torch.Tensor | None,
+                      lengths: torch.Tensor, group_size: int, length_coef: float,
+                      format_coef: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The sequence score as named components, ``([B, 3] raw, [3] weights)``, in the order of
+    `REWARD_COMPONENTS`: correctness (the task's or the reward model's score after the
+    missing-EOS rule, weight 1), format (1 if well formed, weight `format_coef`) and length
+    (Kimi's in-group length reward, weight `length_coef`; 0 when the weight is 0).
+
+    The summed score is ``raw @ weights`` (before the overlong penalty and the clip). GRPO
+    normalises that sum; GDPO (`gae.group.gdpo_advantages`) normalises each column within
+    its group first. Each component's batch mean is logged as ``reward_<name>``.
+
+    >>> raw, w = reward_components(torch.tensor([1.0, 0.0]), torch.tensor([True, False]),
+    ...                            torch.tensor([True, True]), torch.tensor([2.0, 4.0]), 2, 0.5, 0.1)
+    >>> raw.tolist(), w.tolist()
+    ([[1.0, 1.0, 0.5], [0.0, 1.0, -0.5]], [1.0, 0.10000000149011612, 0.5])
+    """
+    formats = torch.zeros_like(scores) if well_formed is None else well_formed.to(scores.dtype)  # [B]
+    length = (group_kimi_length_reward(lengths.float(), correct, group_size).to(scores.dtype) if length_coef > 0
+              else torch.zeros_like(scores))  # [B]
+    raw = torch.stack([scores, formats, length], dim=-1)  # [B, 3]
+    weights = torch.tensor([1.0, format_coef, length_coef], dtype=scores.dtype, device=scores.device)  # [3]
+    return raw, weights

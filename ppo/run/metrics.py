@@ -30,6 +30,7 @@ from gae import compute_gae
 from ppo.parallel import distributed
 from ppo.algorithm.filtering import zero_advantage_groups
 from ppo.algorithm.losses import explained_variance, group_shares, token_loss_weights
+from ppo.algorithm.rewards import REWARD_COMPONENTS
 
 if TYPE_CHECKING:
     from ppo.run.checkpoints import TrainingState
@@ -150,6 +151,9 @@ def step_metrics(config, state: TrainingState, timer: PhaseTimer, batch, buffer,
             ("dropped_sample_frac", (~finite).float(), None), ("well_formed_rate", batch.well_formed.float(), None)):
         # With beta = 0 there is no reference model, so the KL is not measured (NaN), not 0.
         means.add(name, values_, None if mask is None else torch.as_tensor(mask, device=values_.device))
+    if batch.reward_components is not None:  # each named part of the score, before its weight
+        for name, component in zip(REWARD_COMPONENTS, batch.reward_components.unbind(-1)):
+            means.add(f"reward_{name}", component, finite)
     if rollout.prompt_truncated is not None:
         means.add("prompt_truncated_frac", rollout.prompt_truncated.float())
     no_ref = None if has_ref else torch.zeros((), device=kl.device)

@@ -7,13 +7,14 @@ read them without depending on one another. ``ppo.config`` re-exports every name
 
 from __future__ import annotations
 
-KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "abs", "k1+", "k3+", "full")  # ppo/algorithm/kl.py
+KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "abs", "k1+", "k3+", "abs+", "full")  # ppo/algorithm/kl.py
 ADVANTAGE_ESTIMATOR_NAMES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce", "rft", "reinforce_plus_plus",
-                             "reinforce_plus_plus_baseline", "remax")
+                             "reinforce_plus_plus_baseline", "remax", "maxrl", "grpo_passk", "gdpo")
 GSM8K_ANSWER_MODES = ("strict", "flexible")  # implemented in ppo/tasks/gsm8k.py `extract_answer`
 # Seeds are 64-bit in torch; per-rank seeds are hashed into [0, 2**63) (ppo/parallel/distributed.py).
 MAX_SEED = 2**63 - 1
-LOSS_AGG_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "prompt_mean")
+LOSS_AGG_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "prompt_mean",
+                  "token_sum")
 REWARD_WHITENING_MODES = ("masked", "stats", "alpacafarm")  # ppo/algorithm/rewards.py whiten_rewards
 SCORE_POSITIONS = ("last_token", "after_last_token")  # ppo/algorithm/rewards.py shape_rewards
 KL_CONTROLLER_NAMES = ("ziegler", "alpacafarm")  # ppo/algorithm/kl.py make_kl_controller

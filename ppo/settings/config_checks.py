@@ -177,10 +177,12 @@ def validate(config) -> None:
     choice("difficulty_filter_mode", DIFFICULTY_FILTER_MODES)
     if config.grpo_std_correction not in (0, 1):
         bad("grpo_std_correction", "must be 0 (population std) or 1 (sample std)")
-    if config.reward_model_path and (config.difficulty_filter or config.retire_mastered or config.length_reward_coef > 0):
+    if config.reward_model_path and (config.difficulty_filter or config.retire_mastered or config.length_reward_coef > 0
+                                     or config.positive_nll_coef > 0):
         # The task's verdict is the hidden gold in RLHF: training may see only the proxy.
         name = ("difficulty_filter" if config.difficulty_filter else
-                "retire_mastered" if config.retire_mastered else "length_reward_coef")
+                "retire_mastered" if config.retire_mastered else
+                "length_reward_coef" if config.length_reward_coef > 0 else "positive_nll_coef")
         bad(name, "uses the task's correctness verdict, which is the hidden gold reward when "
             "reward_model_path is set (RLHF trains on the reward model only); turn it off")
     choice("device", ("auto", "cpu", "cuda"))
@@ -192,7 +194,16 @@ def validate(config) -> None:
     if config.minibatch_size % config.gradient_accumulation_steps:
         bad("gradient_accumulation_steps",
             f"must divide the minibatch size ({config.minibatch_size} = rollout_batch_size / num_minibatches)")
-    if config.advantage_estimator in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline") and config.group_size < 2:
+    if config.advantage_estimator == "gdpo":  # it normalises the named components, not the summed score
+        if config.kl_placement == "reward" and config.kl_coef > 0:
+            bad("kl_placement", "advantage_estimator='gdpo' reads the reward components (correctness, format, length), "
+                "so a KL in the reward would never reach the advantage: use kl_placement='loss'")
+        for name in ("overlong_buffer_length", "reward_clip", "whiten_rewards"):
+            if getattr(config, name):
+                bad(name, "acts on the summed score, which advantage_estimator='gdpo' does not read (it normalises "
+                    "the components correctness, format, length); turn it off")
+    if config.advantage_estimator in ("grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline", "maxrl", "grpo_passk",
+                                      "gdpo") and config.group_size < 2:
         bad("group_size", f"must be >= 2 for advantage_estimator={config.advantage_estimator!r}")
     if not 0.0 <= config.filter_min_pass_rate < config.filter_max_pass_rate <= 1.0:
         bad("filter_min_pass_rate", f"need 0 <= filter_min_pass_rate < filter_max_pass_rate "
@@ -264,6 +275,11 @@ def _validate_policy_loss(config, bad) -> None:
     for name in ("kl_cov_coef", "entropy_coef_step", "overlong_penalty_factor"):
         if getattr(config, name) < 0:
             bad(name, "must be >= 0")
+    for name in ("sapo_tau_pos", "sapo_tau_neg"):
+        if not getattr(config, name) > 0:
+            bad(name, "must be > 0 (the sigmoid gate's temperature)")
+    if config.positive_nll_coef < 0:
+        bad("positive_nll_coef", "must be >= 0 (0 = off)")
     if config.entropy_target is not None and not config.entropy_target > 0:
         bad("entropy_target", "must be > 0 or None")
     if not 0 <= config.overlong_buffer_length < config.response_length:
@@ -338,15 +354,16 @@ def inert_settings(config) -> list[tuple[str, str]]:
         found["critic_warmup_steps"] = (
             f"PPOConfig.critic_warmup_steps: {config.critic_warmup_steps} has no effect beyond total_steps "
             f"({config.total_steps}): the policy would never train; use fewer warm-up steps than total_steps")
-    if not (est == "grpo" or (est == "dr_grpo" and config.grpo_scale == "none")):
+    scaled = est in ("grpo", "grpo_passk")  # the estimators that read grpo_scale
+    if not (scaled or (est == "dr_grpo" and config.grpo_scale == "none")):
         inert("grpo_scale", f"advantage_estimator={est!r} does not read it", "use advantage_estimator='grpo'")
-    if est != "grpo" or config.grpo_scale == "none":
-        why = (f"grpo_scale='none' divides by no std" if est == "grpo"
+    if not (est == "gdpo" or (scaled and config.grpo_scale != "none")):
+        why = ("grpo_scale='none' divides by no std" if scaled
                else f"advantage_estimator={est!r} divides by no std")
         inert("grpo_eps", why, "use advantage_estimator='grpo' with grpo_scale 'group' or 'batch'")
-    if est != "grpo" or config.grpo_scale != "group":
-        inert("grpo_std_correction", "only the group std of advantage_estimator='grpo', grpo_scale='group' reads it",
-              "set those, or remove it")
+    if not (est == "gdpo" or (scaled and config.grpo_scale == "group")):
+        inert("grpo_std_correction", "only a group std (advantage_estimator 'grpo' or 'grpo_passk' with "
+              "grpo_scale='group', or 'gdpo') reads it", "set those, or remove it")
     if est != "reinforce":
         inert("reinforce_baseline", f"advantage_estimator={est!r} is not 'reinforce'",
               "use advantage_estimator='reinforce'")
@@ -456,6 +473,12 @@ def inert_settings(config) -> list[tuple[str, str]]:
             inert(name, f"policy_loss={config.policy_loss!r}", "use policy_loss='clip_cov'")
     if config.policy_loss != "kl_cov":
         inert("kl_cov_coef", f"policy_loss={config.policy_loss!r}", "use policy_loss='kl_cov'")
+    if config.policy_loss != "sapo":
+        for name in ("sapo_tau_pos", "sapo_tau_neg"):
+            inert(name, f"policy_loss={config.policy_loss!r} has no sigmoid gate", "use policy_loss='sapo'")
+    if config.policy_loss in ("sapo", "gpg"):  # a soft gate, or no ratio at all: nothing is clipped
+        for name in ("cliprange", "cliprange_high"):
+            inert(name, f"policy_loss={config.policy_loss!r} clips no ratio", "use a clipped policy_loss")
     if config.entropy_target is None:
         inert("entropy_coef_step", "entropy_target=None keeps entropy_coef fixed", "set entropy_target")
     if config.warmup_steps >= config.total_steps:

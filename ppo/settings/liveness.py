@@ -96,6 +96,8 @@ EVIDENCE: dict[str, str] = {
     "retire_mastered": "tests/test_filtering.py::test_retired_prompts_are_never_drawn_again",
     "nonfinite_rewards": "tests/test_reliability.py::test_drop_mode_trains_on_and_counts_dropped_samples",
     "format_reward_coef": "tests/test_toggles.py::test_format_reward_adds_the_bonus_to_well_formed_responses",
+    "positive_nll_coef": "tests/test_field_2026.py::test_positive_nll_hand_computed_and_nemo_rl (the probe's random "
+                         "model answers nothing correctly, so no token is positive)",
     "reward_clip": "tests/test_rewards.py::test_clip_scores_clamps_both_sides",
     "disable_dropout": "tests/test_checkpoint_quirks.py::test_set_training_sets_what_module_train_sets (a model "
                        "with dropout; the testbed's has none)",
@@ -235,6 +237,9 @@ PROBES: dict[str, Any] = {
     "clip_cov_low": 0.5,
     "clip_cov_high": 4.0,
     "kl_cov_coef": 0.5,
+    "sapo_tau_pos": 2.0,
+    "sapo_tau_neg": 2.0,
+    "positive_nll_coef": 0.5,
     "top_entropy_quantile": 0.5,
     "entropy_target": 10.0,
     "entropy_coef_step": 0.01,

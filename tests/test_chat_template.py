@@ -60,7 +60,7 @@ def train_one_step(model_dir, output_dir, **overrides):
 
     config = PPOConfig(model_path=str(model_dir), advantage_estimator="rloo", group_size=2, rollout_batch_size=4,
                        response_length=6, total_steps=1, eval_every=0, eval_size=2, progress=False, save_every=0,
-                       report_to=[], log_samples=4, output_dir=str(output_dir), **overrides)
+                       report_to=[], log_samples=4, threads=1, output_dir=str(output_dir), **overrides)
     trainer = RLTrainer(config, prompts=["1+1=", "2+3="], reward_fn=reward_fn)
     trainer.train()
     samples = [json.loads(line) for line in (output_dir / "samples.jsonl").read_text().splitlines()]

@@ -141,7 +141,7 @@ def test_reward_fn_path_errors_name_the_function_the_batch_and_the_step(tmp_path
     config = PPOConfig(task="custom", dataset=str(write_rows(tmp_path / "train.jsonl")), model_path=str(tiny_model_dir),
                        reward_fn=["my_rewards:count_ones", "my_rewards:broken"], advantage_estimator="rloo",
                        group_size=2, rollout_batch_size=4, response_length=4, total_steps=1, eval_every=0,
-                       eval_size=1, progress=False, save_every=0, report_to=[], output_dir=str(tmp_path / "run"))
+                       eval_size=1, progress=False, save_every=0, report_to=[], threads=1, output_dir=str(tmp_path / "run"))
     with pytest.raises(RewardFunctionError, match=r"after step 0: reward_fn my_rewards:count_ones \+ "
                                                   r"my_rewards:broken raised RewardFunctionFailed: my_rewards:broken "
                                                   r"raised ZeroDivisionError: boom while scoring a batch of 1 "):

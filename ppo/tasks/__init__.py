@@ -53,9 +53,9 @@ def _custom_task(config, prompts, reward_fn) -> CustomTask:
 
         reward_fn = WeightedRewards(config.reward_fn, config.reward_fn_weights)
     if prompts is None or reward_fn is None:
-        missing = ("reward_fn (a callable, or PPOConfig.reward_fn 'module:function')" if reward_fn is None
-                   else "prompts (a list, or PPOConfig.dataset)")
-        raise ValueError(f"PPOConfig.task='custom' needs both prompts and reward_fn; {missing} is missing")
+        missing, give = (("reward_fn", "a callable, or PPOConfig.reward_fn 'module:function'") if reward_fn is None
+                         else ("prompts", "a list, or PPOConfig.dataset"))
+        raise ValueError(f"PPOConfig.task='custom' needs both prompts and reward_fn; {missing} is missing ({give})")
     return CustomTask(prompts=prompts, reward_fn=reward_fn, eval_prompts=eval_prompts)
 
 

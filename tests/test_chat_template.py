@@ -89,6 +89,7 @@ def test_chat_template_not_applied_to_a_base_tokenizer(tmp_path, tiny_model_dir)
 
 
 def test_chat_template_settings_are_checked():
+    assert PPOConfig(chat_template=False).chat_template == "off"  # `--chat-template off`, read as YAML
     with pytest.raises(ValueError, match="PPOConfig.chat_template: must be one of"):
         PPOConfig(chat_template="yes please")
     from ppo.settings.config_checks import inert_settings

@@ -31,6 +31,9 @@ def coerce_types(config) -> None:
                 raise ValueError(f"PPOConfig.{f.name}: may not be None")
             continue
         base = kind.split("|")[0].strip()
+        if f.name == "chat_template" and isinstance(value, bool):  # YAML reads `off` / `on` as booleans
+            value = "on" if value else "off"
+            setattr(config, f.name, value)
         if base == "str" and isinstance(value, bool):
             # YAML 1.1 (and so the CLI and config files) reads a bare `no` / `off` as
             # False: `--mixed-precision no` must mean the string "no".

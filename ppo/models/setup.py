@@ -9,6 +9,10 @@ Implementation details that live here:
   LoRA the policy's own base model with the adapter disabled (`ppo.models.lora`); none at beta = 0.
 - **The critic's initialisation** (`PPOConfig.value_init`): from the reward model with a
   zeroed head (AlpacaFarm), from the policy with a zeroed head, or random (`value_model/`).
+- **The reward model** (`PPOConfig.reward_model_path`, `load_reward_model`): a scalar-head
+  model scores the rollout's token ids; a Hugging Face sequence-classification checkpoint
+  (TRL's RewardTrainer output) scores text through its own tokenizer
+  (`Models.reward_model_scores`, value_model/hf_reward.py).
 - **Dropout off** (`disable_dropout`), gradient checkpointing and LoRA (memory toggles).
 - **Frozen models under the policy's autocast** (`ppo.models.precision.prepare_frozen`): otherwise
   bf16 fakes a KL at step 1.

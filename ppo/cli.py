@@ -178,7 +178,7 @@ def _main(argv: list[str] | None) -> int:
         return 130
     # The run's own errors are messages for the user, not bugs: one line, no traceback.
     except (ValueError, FileNotFoundError, FileExistsError, NonFiniteError, RewardTypeError,
-            RunDirectoryError, TrackerError) as error:
+            RunDirectoryError, TrackerError, ImportError) as error:  # ImportError: an optional extra missing
         if os.environ.get("PPO_TRACEBACK"):
             raise
         print(f"ppo-train: error: {error}", file=sys.stderr)

@@ -37,6 +37,7 @@ from ppo.settings import config_checks
 from ppo.settings.choices import (ADVANTAGE_ESTIMATOR_NAMES, DIFFICULTY_FILTER_MODES, GSM8K_ANSWER_MODES,  # noqa: F401
                                   KL_CONTROLLER_NAMES, KL_ESTIMATOR_NAMES, LOSS_AGG_NAMES, MAX_SEED,
                                   REWARD_WHITENING_MODES, SCORE_POSITIONS)
+from ppo.settings.choices import CHAT_TEMPLATE_MODES, TASK_NAMES  # noqa: F401
 from ppo.settings.suggest import did_you_mean
 
 # The fields a resumed run may change: they decide how long and how visibly the run goes
@@ -91,7 +92,7 @@ class PPOConfig:
     # ------------------------------------------------------------------ run and model
     model_path: str | None = _f(None, "Policy checkpoint: any local Hugging Face causal LM directory. None starts from the testbed's cached SFT warm start.")
     warm_start_steps: int | None = _f(None, "With model_path None: start from the SFT warm start after this many of its steps, a weaker model standing in for a base model; None = the finished one (DeepSeek R1-Zero).")
-    task: str = _f("arithmetic", "'arithmetic' (the testbed), 'preference' (the testbed trained against reward_model_path, scored by a hidden gold scorer), 'gsm8k' (JSONL at task_path) or 'custom' (prompts and reward_fn passed to RLTrainer, which set it in place of 'arithmetic').")
+    task: str = _f("arithmetic", "'arithmetic' (the testbed), 'preference' (the testbed trained against reward_model_path, scored by a hidden gold scorer), 'gsm8k' (JSONL at task_path), 'math' (dataset's answers checked by math-verify) or 'custom' (prompts and reward_fn passed to RLTrainer, which set it in place of 'arithmetic', or dataset and reward_fn).")
     task_path: str | None = _f(None, "Training JSONL for task='gsm8k': question, and an answer ending '#### <number>'.")
     eval_path: str | None = _f(None, "Held-out JSONL for task='gsm8k'; None evaluates on the training file.")
     gsm8k_answer_mode: str = _f("flexible", "Which number of a gsm8k response is its answer: 'strict' (after the first '####') or 'flexible' (the last \\boxed{} number, else the last number) (lm-evaluation-harness gsm8k).")
@@ -99,8 +100,21 @@ class PPOConfig:
     seed: int = _f(0, "Seed for prompt sampling, rollouts, minibatch shuffles and initialisation.")
     total_steps: int = _f(100, "RL iterations, one rollout batch and its updates each; the linear schedule decays to 0 at the last.")
 
+    # ------------------------------------------------------------------ your data, chat template and reward functions
+    dataset: str | None = _f(None, "Prompts for task='custom' or 'math': a local JSON, JSONL, Parquet or CSV file, or a directory written by datasets' save_to_disk, read with Hugging Face datasets (no hub access).")
+    dataset_split: str = _f("train", "Split of dataset to train on; a file is one split, 'train' (TRL dataset_train_split).")
+    eval_dataset: str | None = _f(None, "Held-out prompts, a file or saved directory as for dataset; None = eval_split of dataset, or else the training prompts.")
+    eval_split: str | None = _f(None, "Split to evaluate on, of eval_dataset when set, else of dataset; None = 'train' of eval_dataset (TRL dataset_test_split).")
+    prompt_column: str = _f("prompt", "Column of dataset holding each prompt's text (TRL's 'prompt' column).")
+    answer_column: str = _f("answer", "Column of dataset holding each gold answer, for task='math' (verl reward_model.ground_truth).")
+    reward_fn: list[str] = _f([], "Reward functions of task='custom' by import path, 'module:function' or 'file.py:function', each f(prompts, responses) -> list[float], summed (TRL reward_funcs; verl custom_reward_function.path and name).")
+    reward_fn_weights: list[float] | None = _f(None, "Weight of each reward_fn in the sum, in order; None = 1 each (TRL reward_weights).")
+    chat_template: str = _f("auto", "Render each prompt as a user turn with the tokenizer's chat template and its generation prompt: 'auto' (when the tokenizer has one), 'on' (required) or 'off' (the text as it is, for base models) (TRL, verl apply_chat_template).")
+    system_prompt: str | None = _f(None, "System message before each prompt when the chat template is applied; None = none.")
+    math_verify_timeout: int = _f(5, "Seconds one math-verify parse or comparison of task='math' may take before the answer counts as wrong; a whole number (math-verify parsing_timeout, timeout_seconds).")
+
     # ------------------------------------------------------------------ value model and reward model
-    reward_model_path: str | None = _f(None, "Scalar-head reward model directory: when set, its score replaces the task's reward, and value_init='reward_model' starts the critic from it.")
+    reward_model_path: str | None = _f(None, "Reward model directory, a scalar-head model or a Hugging Face sequence-classification checkpoint (num_labels 1; TRL RewardTrainer's output): when set, its score replaces the task's reward, and value_init='reward_model' starts the critic from it.")
     value_init: str = _f("policy", "Critic initialisation: 'reward_model' or 'policy' (that backbone with a zeroed head), 'reward_model_head' (the reward model, trained head kept), 'random', or 'pretrained' (the critic at value_init_path) (AlpacaFarm: reward_model; TRL: reward_model_head).")
     value_init_path: str | None = _f(None, "Critic directory for value_init='pretrained', as written by python -m ppo.models.value_pretrain (VC-PPO value pretraining).")
     critic_warmup_steps: int = _f(0, "RL steps at the start in which only the critic trains, the policy's weights untouched; 0 = off (verl trainer.critic_warmup, OpenRLHF critic.freezing_steps).")

@@ -65,7 +65,7 @@ from ppo.algorithm.rewards import (apply_missing_eos, clip_scores, format_reward
                       overlong_penalty, reward_components, score_positions, shape_rewards, whiten_rewards,
                       whitening_gae_mask)
 from ppo.models.rollout import Rollout, decode_responses, generate, pad_to_width
-from ppo.tasks import build_task, custom_task_config
+from ppo.tasks import build_task, chat, custom_task_config
 
 
 class _Held:
@@ -150,6 +150,9 @@ class RLTrainer:
             entropy_control=EntropyControl(config.entropy_coef, config.entropy_target, config.entropy_coef_step))
         self.output_dir = run_dir.resolve(config.output_dir)  # as the filesystem sees it, once
         self.models = build_models(config, self.accelerator, model_path, policy, tokenizer)  # policy, ref, critic, ...
+        # An instruct tokenizer's chat template renders every prompt; its end-of-turn token stops responses.
+        self.task, self.models.stop_token_ids = chat.for_tokenizer(self.task, self.tokenizer, config, self.stop_token_ids)
+        self.prompt_pool.task = self.task
         # rollout_staleness = k: rollouts sampled by the weights of k steps earlier, kept exactly
         self.state.policy_history = PolicyHistory(self.policy_module, config.rollout_staleness)
         # generation_backend='vllm': this process's engine (synced from the weights sampling uses), else None
@@ -423,7 +426,8 @@ class RLTrainer:
             # RLHF: the policy optimises the (proxy) reward model; the task's own score and
             # verdict are the gold, logged but never trained on (PPOConfig.validate refuses
             # the toggles that would read the verdict).
-            raw_scores = self.models.reward_model_scores(rollout) if self.reward_model is not None else task_scores
+            raw_scores = (self.models.reward_model_scores(rollout, problems, texts) if self.reward_model is not None
+                          else task_scores)
             correct = torch.tensor([s.correct for s in score_objects], device=self.device)  # [B]
             well_formed = torch.tensor([s.well_formed for s in score_objects], device=self.device)  # [B]
         return ScoredBatch(problems, rollout, texts, task_scores, raw_scores, correct, well_formed)

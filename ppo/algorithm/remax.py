@@ -39,7 +39,7 @@ def greedy_baselines(config, models: Models, task, batch) -> torch.Tensor:
         prompt_truncation=cfg.prompt_truncation).to(models.device)
     texts = decode_responses(models.tokenizer, rollout)
     scored = score_batch(task, problems, texts, rollout.has_eos.tolist())
-    scores = (models.reward_model_scores(rollout) if models.reward_model is not None
+    scores = (models.reward_model_scores(rollout, problems, texts) if models.reward_model is not None
               else torch.tensor([s.reward for s in scored], device=models.device))  # [prompts]
     scores = apply_missing_eos(scores, rollout.has_eos, cfg.missing_eos, cfg.missing_eos_penalty, cfg.missing_eos_value)
     well_formed = torch.tensor([s.well_formed for s in scored], device=models.device)

@@ -9,6 +9,10 @@ Implementation details that live here:
   LoRA the policy's own base model with the adapter disabled (`ppo.models.lora`); none at beta = 0.
 - **The critic's initialisation** (`PPOConfig.value_init`): from the reward model with a
   zeroed head (AlpacaFarm), from the policy with a zeroed head, or random (`value_model/`).
+- **The reward model** (`PPOConfig.reward_model_path`, `load_reward_model`): a scalar-head
+  model scores the rollout's token ids; a Hugging Face sequence-classification checkpoint
+  (TRL's RewardTrainer output) scores text through its own tokenizer
+  (`Models.reward_model_scores`, value_model/hf_reward.py).
 - **Dropout off** (`disable_dropout`), gradient checkpointing and LoRA (memory toggles).
 - **Frozen models under the policy's autocast** (`ppo.models.precision.prepare_frozen`): otherwise
   bf16 fakes a KL at step 1.
@@ -33,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from value_model import ScalarHeadModel
+from value_model.hf_reward import SequenceClassifierReward, is_sequence_classifier
 from value_model.reward_model import last_token_scores
 
 from ppo.parallel import distributed, sharding
@@ -94,6 +99,7 @@ class Models:
     ref_policy: torch.nn.Module | None
     reward_model: torch.nn.Module | None
     optimizers: Optimizers
+    reward_reads_text: bool = False  # a sequence-classification reward model: scores text, own tokenizer
 
     def set_training(self, mode: bool) -> None:
         """Policy and critic in train (or eval) mode (`ppo.models.policy.set_training`)."""
@@ -102,8 +108,14 @@ class Models:
                 set_training(model, mode)
 
     @torch.no_grad()
-    def reward_model_scores(self, rollout) -> torch.Tensor:
-        """The reward model's score read at the last response token, ``[B]`` (as in its training)."""
+    def reward_model_scores(self, rollout, problems, responses: list[str]) -> torch.Tensor:
+        """The reward model's score of each response, ``[B]`` (as in its training): a
+        scalar-head model's output at the last response token of the rollout's ids; a
+        sequence-classification model's score of the text, prompts as written in the data
+        and decoded responses, through its own tokenizer (value_model/hf_reward.py)."""
+        if self.reward_reads_text:
+            prompts = [p.meta.get("raw_prompt", p.prompt) for p in problems]  # before the policy's chat template
+            return self.reward_model(prompts, list(responses)).float()  # [B]
         return last_token_scores(self.reward_model, rollout.query_ids, rollout.query_mask, rollout.response_ids,
                                  rollout.response_mask)
 
@@ -138,13 +150,10 @@ def build_models(config, accelerator, model_path: str | None, policy=None, token
     ref_policy = None
     if config.uses_reference_model and not config.lora_r:
         ref_policy = copy.deepcopy(policy).eval().requires_grad_(False)
-    value_model = build_value_model(config, policy, accelerator.device) if config.uses_value_model else None
+    value_model = build_value_model(config, policy, accelerator.device, tokenizer) if config.uses_value_model else None
     policy = apply_memory_toggles(config, policy, value_model)
-    reward_model = None
-    if config.reward_model_path:
-        reward_model = ScalarHeadModel.from_pretrained(
-            config.reward_model_path, dtype=master_dtype(config.model_dtype),
-            attn_implementation=config.attn_implementation).eval().requires_grad_(False)
+    reward_model = load_reward_model(config) if config.reward_model_path else None
+    settled["reward_reads_text"] = isinstance(reward_model, SequenceClassifierReward)
 
     if sharding.sharded(config):  # FSDP2: each process keeps 1/N of every model (ppo/parallel/sharding.py)
         return build_sharded(config, policy, value_model, ref_policy, reward_model, **settled)
@@ -184,6 +193,19 @@ def build_models(config, accelerator, model_path: str | None, policy=None, token
                   optimizers=Optimizers(policy_optimizer, value_optimizer, schedulers, parameters))
 
 
+def load_reward_model(config):
+    """The frozen reward model at `config.reward_model_path`: a Hugging Face
+    sequence-classification checkpoint (TRL's RewardTrainer output), or a scalar-head model."""
+    kwargs = dict(dtype=master_dtype(config.model_dtype), attn_implementation=config.attn_implementation)
+    if is_sequence_classifier(config.reward_model_path):
+        if sharding.sharded(config):
+            raise ValueError("PPOConfig.sharding: 'fsdp' shards scalar-head reward models only; a sequence-"
+                             "classification reward model runs whole in each process: use sharding='none'")
+        return SequenceClassifierReward.from_pretrained(config.reward_model_path, system_prompt=config.system_prompt,
+                                                        **kwargs)
+    return ScalarHeadModel.from_pretrained(config.reward_model_path, **kwargs).eval().requires_grad_(False)
+
+
 def build_sharded(config, policy, value_model, ref_policy, reward_model, **settled) -> Models:
     """`build_models` under `PPOConfig.sharding` "fsdp": the four models sharded in place, the
     optimizers built on the shards; no accelerate wrapper (FSDP does the gradient reduction
@@ -218,9 +240,15 @@ def check_token_ids(policy, tokenizer, resize: bool) -> None:
                          "tokenizer a pad token the model has an embedding for")
 
 
-def build_value_model(config, policy, device) -> ScalarHeadModel:
+def build_value_model(config, policy, device, tokenizer=None) -> ScalarHeadModel:
     """The critic, initialised as `config.value_init` says."""
-    if config.value_init in ("reward_model", "reward_model_head"):  # TRL keeps the trained head
+    from_reward_model = config.value_init in ("reward_model", "reward_model_head")
+    if from_reward_model and is_sequence_classifier(config.reward_model_path):  # its backbone and score head
+        from value_model.hf_reward import critic_from_sequence_classifier
+
+        model = critic_from_sequence_classifier(config.reward_model_path, tokenizer,
+                                                zero_head=config.value_init == "reward_model")
+    elif from_reward_model:  # TRL keeps the trained head
         model = ScalarHeadModel.from_pretrained(config.reward_model_path, zero_head=config.value_init == "reward_model")
     elif config.value_init == "pretrained":  # VC-PPO value pretraining (python -m ppo.models.value_pretrain)
         model = ScalarHeadModel.from_pretrained(config.value_init_path)

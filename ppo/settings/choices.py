@@ -11,6 +11,8 @@ KL_ESTIMATOR_NAMES = ("k1", "k2", "k3", "abs", "k1+", "k3+", "abs+", "full")  # 
 ADVANTAGE_ESTIMATOR_NAMES = ("gae", "grpo", "dr_grpo", "rloo", "reinforce", "rft", "reinforce_plus_plus",
                              "reinforce_plus_plus_baseline", "remax", "maxrl", "grpo_passk", "gdpo")
 GSM8K_ANSWER_MODES = ("strict", "flexible")  # implemented in ppo/tasks/gsm8k.py `extract_answer`
+TASK_NAMES = ("arithmetic", "preference", "gsm8k", "custom", "math")  # ppo/tasks/__init__.py build_task
+CHAT_TEMPLATE_MODES = ("auto", "on", "off")  # ppo/tasks/chat.py
 # Seeds are 64-bit in torch; per-rank seeds are hashed into [0, 2**63) (ppo/parallel/distributed.py).
 MAX_SEED = 2**63 - 1
 LOSS_AGG_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "prompt_mean",

@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 from dataclasses import fields
 
-from ppo.settings.choices import (ADVANTAGE_ESTIMATOR_NAMES, DIFFICULTY_FILTER_MODES, GSM8K_ANSWER_MODES,
-                                  KL_CONTROLLER_NAMES, KL_ESTIMATOR_NAMES, LOSS_AGG_NAMES, MAX_SEED,
-                                  REWARD_WHITENING_MODES, SCORE_POSITIONS, TRACKERS)
+from ppo.settings.choices import (ADVANTAGE_ESTIMATOR_NAMES, CHAT_TEMPLATE_MODES, DIFFICULTY_FILTER_MODES,
+                                  GSM8K_ANSWER_MODES, KL_CONTROLLER_NAMES, KL_ESTIMATOR_NAMES, LOSS_AGG_NAMES, MAX_SEED,
+                                  REWARD_WHITENING_MODES, SCORE_POSITIONS, TASK_NAMES, TRACKERS)
 
 def coerce_types(config) -> None:
     """Accept numbers written as strings (YAML reads ``1e-5`` as a string) and ints for
@@ -31,6 +31,9 @@ def coerce_types(config) -> None:
                 raise ValueError(f"PPOConfig.{f.name}: may not be None")
             continue
         base = kind.split("|")[0].strip()
+        if f.name == "chat_template" and isinstance(value, bool):  # YAML reads `off` / `on` as booleans
+            value = "on" if value else "off"
+            setattr(config, f.name, value)
         if base == "str" and isinstance(value, bool):
             # YAML 1.1 (and so the CLI and config files) reads a bare `no` / `off` as
             # False: `--mixed-precision no` must mean the string "no".
@@ -42,6 +45,11 @@ def coerce_types(config) -> None:
             # `--report-to wandb`, `--report-to wandb,mlflow`; 'none' is TRL's spelling of [].
             names = [name.strip() for name in value.split(",") if name.strip()]
             setattr(config, f.name, [] if names == ["none"] else names)
+        if base == "list[float]" and isinstance(value, (int, float)) and not isinstance(value, bool):
+            setattr(config, f.name, [value])  # `--reward-fn-weights 0.5`
+        if base == "list[float]" and isinstance(getattr(config, f.name), list):
+            setattr(config, f.name, [float(v) if isinstance(v, int) and not isinstance(v, bool) else v
+                                     for v in getattr(config, f.name)])
         if base == "list[str]" and getattr(config, f.name) == ["none"]:
             setattr(config, f.name, [])  # TRL's report_to=["none"], as a list: the same request
         try:
@@ -126,7 +134,8 @@ def validate(config) -> None:
     if config.eval_size is not None and config.eval_size < 1:
         bad("eval_size", "must be a positive integer or None")
     _validate_trackers(config, bad)
-    choice("task", ("arithmetic", "preference", "gsm8k", "custom"))
+    choice("task", TASK_NAMES)
+    _validate_data_and_reward_fns(config, bad, choice)
     choice("gsm8k_answer_mode", GSM8K_ANSWER_MODES)
     if config.task == "preference" and not config.reward_model_path:
         bad("reward_model_path", "is required for task='preference' (RLHF trains against a reward model)")
@@ -311,6 +320,40 @@ def _validate_trackers(config, bad) -> None:
         bad("run_tags", "must be a mapping of name: value (text or numbers)")
 
 
+def _validate_data_and_reward_fns(config, bad, choice) -> None:
+    """`dataset`, `reward_fn` and the chat template: each read by the tasks that name them."""
+    choice("chat_template", CHAT_TEMPLATE_MODES)
+    if config.dataset is not None and config.task not in ("custom", "math"):
+        bad("dataset", f"task={config.task!r} reads no dataset; set task='custom' (with reward_fn) or task='math' "
+            "(answers checked by math-verify)")
+    if config.task == "math" and not config.dataset:
+        bad("dataset", "is required for task='math' (a file with a prompt and an answer column)")
+    for name in ("dataset", "eval_dataset", "eval_split", "system_prompt"):
+        if getattr(config, name) is not None and not getattr(config, name).strip():
+            bad(name, "must be non-empty text or None")
+    for name in ("dataset_split", "prompt_column", "answer_column"):
+        if not getattr(config, name).strip():
+            bad(name, "must be a non-empty name")
+    functions = config.reward_fn
+    if not isinstance(functions, list) or not all(isinstance(f, str) for f in functions):
+        bad("reward_fn", "must be a list of 'module:function' import paths")
+    for spec in functions:
+        module, _, name = spec.rpartition(":")
+        if not module.strip() or not name.strip():
+            bad("reward_fn", f"{spec!r} is not 'module:function' or 'path/to/file.py:function'")
+    if functions and config.task != "custom":
+        bad("reward_fn", f"task={config.task!r} scores responses itself; reward functions by path are for task='custom'")
+    weights = config.reward_fn_weights
+    if weights is not None:
+        if (not isinstance(weights, list) or not all(isinstance(w, (int, float)) and not isinstance(w, bool)
+                                                      and math.isfinite(w) for w in weights)):
+            bad("reward_fn_weights", "must be a list of finite numbers, one per reward_fn, or None")
+        if len(weights) != len(functions):
+            bad("reward_fn_weights", f"has {len(weights)} weights for {len(functions)} reward_fn entries")
+    if config.math_verify_timeout < 1:
+        bad("math_verify_timeout", "must be a whole number of seconds >= 1 (math-verify times out by signal.alarm)")
+
+
 # ------------------------------------------------------------------------------ inert settings
 # A setting the configuration never reads is worse than an error: a sweep over it reports
 # "no difference" and the reader concludes the detail does not matter. Each rule below names
@@ -453,6 +496,16 @@ def inert_settings(config) -> list[tuple[str, str]]:
     if config.task != "gsm8k":
         for name in ("task_path", "eval_path", "gsm8k_answer_mode"):
             inert(name, f"task={config.task!r} reads no gsm8k file", "set task='gsm8k'")
+    if config.dataset is None:
+        for name in ("dataset_split", "eval_dataset", "eval_split", "prompt_column"):
+            inert(name, "dataset is None (no dataset to read)", "set dataset")
+    if config.task != "math":
+        for name in ("answer_column", "math_verify_timeout"):
+            inert(name, f"task={config.task!r} checks no math answers", "set task='math'")
+    if not config.reward_fn:
+        inert("reward_fn_weights", "reward_fn is empty", "name the reward functions in reward_fn")
+    if config.chat_template == "off" and config.reward_model_path is None:
+        inert("system_prompt", "chat_template='off' renders no conversation", "set chat_template 'auto' or 'on'")
     if config.model_path is not None:
         inert("warm_start_steps", "model_path is set (the SFT warm start is not used)", "set model_path=None")
 

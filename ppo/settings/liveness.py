@@ -93,6 +93,10 @@ EVIDENCE: dict[str, str] = {
     "split_special_tokens": "tests/test_run_directory.py::"
                             "test_special_tokens_spelled_in_a_prompt_follow_split_special_tokens",
     "generation_backend": "tests/test_vllm_backend.py (the vLLM engine samples)",
+    "chat_template": "tests/test_chat_template.py::test_chat_template_applied_in_a_run_and_visible_in_samples (a "
+                     "tokenizer with a chat template; the testbed's has none)",
+    "system_prompt": "tests/test_chat_template.py::test_chat_template_applied_in_a_run_and_visible_in_samples (a "
+                     "tokenizer with a chat template; the testbed's has none, and refuses it at start)",
     "retire_mastered": "tests/test_filtering.py::test_retired_prompts_are_never_drawn_again",
     "nonfinite_rewards": "tests/test_reliability.py::test_drop_mode_trains_on_and_counts_dropped_samples",
     "format_reward_coef": "tests/test_toggles.py::test_format_reward_adds_the_bonus_to_well_formed_responses",
@@ -145,6 +149,17 @@ PROBES: dict[str, Any] = {
     "gsm8k_answer_mode": "strict",
     "seed": 1,
     "total_steps": lambda config, name: config.total_steps + 1,
+    "dataset": "data/prompts.jsonl",
+    "dataset_split": "test",
+    "eval_dataset": "data/held_out.jsonl",
+    "eval_split": "test",
+    "prompt_column": "question",
+    "answer_column": "solution",
+    "reward_fn": ["my_rewards:brevity"],
+    "reward_fn_weights": [0.5],
+    "chat_template": "off",
+    "system_prompt": "Answer briefly.",
+    "math_verify_timeout": 2,
     "reward_model_path": "reward_models/any",
     "value_init": "random",
     "value_init_path": "critics/pretrained",

@@ -21,10 +21,11 @@ def build_task(config, prompts: list[str] | None = None, reward_fn=None) -> Task
         raise ValueError(f"PPOConfig.task={config.task!r} brings its own prompts and scorer, so the {' and '.join(given)} "
                          "passed in would be ignored; set task='custom' to train on them")
     if config.task == "custom" or given:
-        if prompts is None or reward_fn is None:
-            missing = "reward_fn" if reward_fn is None else "prompts"
-            raise ValueError(f"PPOConfig.task='custom' needs both prompts and reward_fn; {missing} is missing")
-        return CustomTask(prompts=prompts, reward_fn=reward_fn)
+        return _custom_task(config, prompts, reward_fn)
+    if config.task == "math":
+        from ppo.tasks.math_answers import MathTask
+
+        return MathTask.from_config(config)
     if config.task == "gsm8k":
         return GSM8KTask(config.task_path, eval_path=config.eval_path, answer_mode=config.gsm8k_answer_mode)
     if config.task == "preference":
@@ -32,6 +33,30 @@ def build_task(config, prompts: list[str] | None = None, reward_fn=None) -> Task
 
         return PreferenceTask(reward_model_path=config.reward_model_path)
     return ArithmeticTask()
+
+
+def _custom_task(config, prompts, reward_fn) -> CustomTask:
+    """The custom task from prompts and reward_fn passed in, or from `config.dataset` and
+    `config.reward_fn` (the command line's way); each side from one source only."""
+    for passed, given, field, value in (("prompts", prompts, "dataset", config.dataset),
+                                        ("reward_fn", reward_fn, "reward_fn", config.reward_fn)):
+        if value and given is not None:
+            raise ValueError(f"PPOConfig.{field} and the {passed} passed to RLTrainer both give the custom task's "
+                             f"{passed}; pass one")
+    eval_prompts = None
+    if prompts is None and config.dataset:
+        from ppo.tasks.data_files import load_prompts
+
+        prompts, eval_prompts = load_prompts(config)
+    if reward_fn is None and config.reward_fn:
+        from ppo.tasks.reward_functions import WeightedRewards
+
+        reward_fn = WeightedRewards(config.reward_fn, config.reward_fn_weights)
+    if prompts is None or reward_fn is None:
+        missing, give = (("reward_fn", "a callable, or PPOConfig.reward_fn 'module:function'") if reward_fn is None
+                         else ("prompts", "a list, or PPOConfig.dataset"))
+        raise ValueError(f"PPOConfig.task='custom' needs both prompts and reward_fn; {missing} is missing ({give})")
+    return CustomTask(prompts=prompts, reward_fn=reward_fn, eval_prompts=eval_prompts)
 
 
 def custom_task_config(config, prompts=None, reward_fn=None):

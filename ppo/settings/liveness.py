@@ -235,6 +235,7 @@ PROBES: dict[str, Any] = {
     "clip_cov_low": 0.5,
     "clip_cov_high": 4.0,
     "kl_cov_coef": 0.5,
+    "kimi_tau": 0.5,
     "top_entropy_quantile": 0.5,
     "entropy_target": 10.0,
     "entropy_coef_step": 0.01,

@@ -229,6 +229,7 @@ class PPOConfig:
     eval_every: int = _f(10, "Held-out evaluation every N steps, and at the start and end; 0 = only start and end.")
     eval_size: int | None = _f(None, "Held-out problems to evaluate (the first N); None = all.")
     eval_samples_per_prompt: int = _f(1, "Sampled responses per held-out problem; sampled accuracy is then the mean per-problem pass rate, its evaluation noise shrinking as 1/sqrt(N) (pass@k: Chen et al. 2021). The testbed uses 16.")
+    eval_thinking_budget: int | None = _f(None, "Held-out evaluations cap the thinking (the response before the task's answer marker, '#' on the testbed) at this many tokens, then force the marker and score the answer that follows; None = no cap (Qwen3 thinking budget, arXiv 2505.09388 sec. 4.3). python -m ppo.run.thinking_budget draws the curve.")
     eval_batch_size: int = _f(128, "Held-out responses generated per batch during evaluation (memory and speed). Each batch is seeded on its own, so a different size changes which draws are made, not their distribution.")
     log_samples: int = _f(4, "Decoded rollouts written to samples.jsonl per step.")
     save_every: int = _f(50, "Checkpoint every N steps, and at the end; 0 = only at the end.")

@@ -123,6 +123,12 @@ def validate(config) -> None:
         bad("eval_samples_per_prompt", "must be a positive integer")
     if not isinstance(config.eval_batch_size, int) or config.eval_batch_size < 1:
         bad("eval_batch_size", "must be a positive integer")
+    if config.eval_thinking_budget is not None and (not isinstance(config.eval_thinking_budget, int)
+                                                    or config.eval_thinking_budget < 1):
+        bad("eval_thinking_budget", "must be a positive integer (tokens of thinking) or None")
+    if config.eval_thinking_budget is not None and config.task in ("preference", "custom"):
+        bad("eval_thinking_budget", f"forces a task's answer marker, and task={config.task!r} has none; use "
+            "'arithmetic' or 'gsm8k', or None")
     if config.eval_size is not None and config.eval_size < 1:
         bad("eval_size", "must be a positive integer or None")
     _validate_trackers(config, bad)

@@ -30,6 +30,9 @@ Implementation details that live here:
 - **`gpg`** (GPG, arXiv 2504.02546; verl `compute_policy_loss_gpg`): ``-A log pi``, plain
   policy gradient with no ratio and no clip. With `rollout_correction` weights folded into
   the advantage it is verl's `compute_policy_loss_reinforce` with importance weights.
+- **`kimi`** (Kimi k1.5, sec. 2.3.2): a squared loss on the optimal policy's reward identity,
+  one per sequence, with the group-mean reward for ``tau log Z`` and the policy that sampled
+  the batch as the mirror-descent anchor; `kimi_tau` is its tau (docs/derivations.md, section 5).
 - **`top_entropy_mask`** (Wang et al., "Beyond the 80/20 Rule"; TRL `top_entropy_quantile`):
   train only on the highest-entropy tokens.
 - **Off-policy sequence masking** (`PPOConfig.off_policy_mask_threshold`; DeepSeek-V3.2):
@@ -64,7 +67,7 @@ PolicyLoss = Callable[..., tuple[torch.Tensor, dict[str, float]]]
 POLICY_LOSSES: dict[str, PolicyLoss] = {}
 # Losses whose importance ratio is one number per sequence: a per-token mask or cap cannot
 # act on them (`PPOConfig.validate` refuses those combinations, naming the fields).
-SEQUENCE_LEVEL_LOSSES = ("gspo", "geo_mean")
+SEQUENCE_LEVEL_LOSSES = ("gspo", "geo_mean", "kimi")
 
 
 def register_policy_loss(name: str) -> Callable[[PolicyLoss], PolicyLoss]:
@@ -107,6 +110,7 @@ def policy_loss(
     generator: torch.Generator | None = None,
     behaviour_logprobs: torch.Tensor | None = None,
     off_policy_mask_threshold: float | None = None,
+    kimi_tau: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The policy loss registered as `name`, aggregated over `response_mask` by `loss_agg`.
 
@@ -121,6 +125,7 @@ def policy_loss(
             the others count in the denominator but add 0, as TRL masks them.
         cov_fraction, clip_cov_low, clip_cov_high, kl_cov_coef: `clip_cov` / `kl_cov` settings.
         sapo_tau_pos, sapo_tau_neg: `sapo`'s gate temperatures for A > 0 and A <= 0.
+        kimi_tau: the regularisation strength tau of `kimi`.
         generator: draws `clip_cov`'s random tokens.
         behaviour_logprobs, off_policy_mask_threshold: DeepSeek-V3.2's off-policy sequence mask
             (`off_policy_sequence_mask`) against the sampler's `[B, T]` log-probs (the old
@@ -143,7 +148,7 @@ def policy_loss(
         logprobs=logprobs, old_logprobs=old_logprobs, advantages=advantages, mask=response_mask,
         clip_low=clip_low, clip_high=clip_high, dual_clip=dual_clip, cov_fraction=cov_fraction,
         clip_cov_low=clip_cov_low, clip_cov_high=clip_cov_high, kl_cov_coef=kl_cov_coef, sapo_tau_pos=sapo_tau_pos,
-        sapo_tau_neg=sapo_tau_neg, generator=generator)
+        sapo_tau_neg=sapo_tau_neg, generator=generator, kimi_tau=kimi_tau)
     if train_on is not None:
         per_token = torch.where(train_on.bool(), per_token, torch.zeros_like(per_token))  # [B, T]
     if off_policy_mask_threshold is not None:
@@ -271,7 +276,7 @@ def policy_loss_options(config) -> dict:
                 dual_clip=config.dual_clip, cov_fraction=config.cov_fraction, clip_cov_low=config.clip_cov_low,
                 clip_cov_high=config.clip_cov_high, kl_cov_coef=config.kl_cov_coef,
                 sapo_tau_pos=config.sapo_tau_pos, sapo_tau_neg=config.sapo_tau_neg,
-                off_policy_mask_threshold=config.off_policy_mask_threshold)
+                off_policy_mask_threshold=config.off_policy_mask_threshold, kimi_tau=config.kimi_tau)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -646,3 +651,47 @@ def gpg(*, logprobs, advantages, **settings):
     that is not offered.
     """
     return -advantages * logprobs, {}
+@register_policy_loss("kimi")
+def kimi(*, logprobs, old_logprobs, advantages, mask, kimi_tau, **settings):
+    """Kimi k1.5's surrogate (Kimi Team 2025, arXiv 2501.12599, sec. 2.3.2; the report at
+    MoonshotAI/Kimi-k1.5@cf9a8785 Kimi_k1.5.pdf), one loss per sequence ``[B]``.
+
+    Iteration i maximises ``E[r] - tau KL(pi || pi_i)`` with pi_i the policy that sampled the
+    batch. Its optimum satisfies ``r - tau log Z = tau log(pi* / pi_i)`` for every response, so
+    the paper fits pi to that identity by a squared loss, with the group's mean reward r_bar
+    standing in for ``tau log Z``. With ``S_i = sum_t (logprobs - old_logprobs)``, the log of
+    the sequence ratio ``pi(y_i) / pi_i(y_i)`` (a sum: no length normaliser), and
+    ``A_i = r_i - r_bar`` (``advantage_estimator='dr_grpo'``: no std division)::
+
+        loss_i = (A_i - tau * S_i)^2 / (2 tau)                                     [B]
+        grad   = -A_i grad log pi(y_i) + (tau / 2) grad S_i^2
+
+    The 1/(2 tau) scale makes the gradient the paper's eq. 3 exactly (REINFORCE with the
+    group-mean baseline plus an l2 pull toward pi_i; docs/derivations.md, section 5), so the
+    learning rate means what it means for the other losses. On the first update of a batch
+    S_i = 0 and the gradient is REINFORCE's; the regulariser acts only once the policy has
+    moved (a second minibatch or epoch). `A_i` is read as the sequence's mean token advantage
+    (its outcome advantage), and the loss is placed on each of its tokens, so
+    `seq_mean_token_mean` gives the paper's mean over the k responses.
+
+    Worked example, tau = 0.5: a correct response of two tokens with log-ratios [0.1, 0.1]
+    (S = 0.2, A = +0.5) and a wrong one of one token with log-ratio [-0.2] (S = -0.2,
+    A = -0.5): both losses are (0.5 - 0.1)^2 / 1 = 0.16; the gradient on each log-prob of
+    the first is -(0.5 - 0.1) = -0.4, on the second's +0.4 (then halved by the mean over 2).
+
+    Metrics: `kimi_log_ratio_seq` (mean of S_i over the sequences), `kimi_regulariser` (mean of
+    (tau / 2) S_i^2, the value of the pull toward pi_i).
+    """
+    if not kimi_tau > 0:
+        raise ValueError(f"kimi_tau must be > 0 (the KL weight tau of Kimi k1.5), got kimi_tau={kimi_tau}")
+    is_real = mask.bool()
+    seq_log_ratio = torch.where(is_real, logprobs - old_logprobs, torch.zeros_like(logprobs)).sum(-1)  # [B], S_i
+    seq_advantage = sequence_advantage(advantages, mask)  # [B], r_i - r_bar
+    seq_loss = (seq_advantage - kimi_tau * seq_log_ratio).pow(2) / (2 * kimi_tau)  # [B]
+    per_token = seq_loss[:, None].expand_as(logprobs)  # [B, T]
+    with torch.no_grad():
+        rows = is_real.any(-1)  # [B]
+        s = seq_log_ratio[rows]
+        metrics = {"kimi_log_ratio_seq": float(s.mean()) if len(s) else 0.0,
+                   "kimi_regulariser": float((0.5 * kimi_tau * s.pow(2)).mean()) if len(s) else 0.0}
+    return per_token, metrics

@@ -19,6 +19,13 @@ Evaluation is guarded as training is: the same prompt truncation (`max_prompt_le
 `check_scores`: stop, or with ``nonfinite_rewards='drop'`` leave the sample out and count it
 in ``*_dropped_nonfinite``); a reward function that raises is re-raised naming the batch.
 
+A thinking budget (Qwen3, arXiv 2505.09388, sec. 4.3: thinking-mode fusion's early exit) caps the
+part of a response before the task's answer marker: `finish_after_thinking_budget` generates
+at most `thinking_budget` tokens, and a response that has neither stopped nor written the
+marker by then gets the marker appended, as Qwen3 appends its early-exit string and
+``</think>``, and is continued for at most `answer_tokens` more tokens, its answer then
+scored as any other (`score_generations`, ``python -m ppo.run.thinking_budget``).
+
 Evaluation reseeds sampling (so two evaluations of the same policy agree) and must then
 put every random generator back as it found it: `preserve_rng_state` saves and restores
 Python's, torch's CPU generator and the accelerator's per-device generators (CUDA, MPS,
@@ -175,6 +182,51 @@ def sampled_chunks(
                               greedy=greedy, max_prompt_length=max_prompt_length, prompt_truncation=prompt_truncation)
 
 
+def finish_after_thinking_budget(
+    model: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: list[str],
+    rollout: Rollout,
+    answer_marker: str,
+    answer_tokens: int,
+    greedy: bool = False,
+    temperature: float = 1.0,
+    max_prompt_length: int | None = None,
+    prompt_truncation: str = "error",
+) -> tuple[list[str], list[bool], list[int]]:
+    """Responses whose thinking was cut at the rollout's width (the budget), finished.
+
+    `rollout` holds at most N = budget tokens per response. A response that stopped is
+    final, answered or not. One that did not stop but wrote `answer_marker` has finished
+    thinking and is continued (its answer is not part of the budget). One that wrote neither
+    gets the marker appended right after its N thinking tokens, Qwen3's early exit, and is
+    continued. A continuation samples at most `answer_tokens` tokens from prompt + text so
+    far, under the same rule (greedy or `temperature`), from the global RNG.
+
+    Returns ``(texts, has_eos, lengths)``, one per response; a length counts every token of
+    the response, the forced marker's included (N + marker + answer).
+    """
+    texts = decode_responses(tokenizer, rollout)  # [B] strings
+    has_eos = rollout.has_eos.tolist()
+    lengths = rollout.response_lengths.tolist()
+    marker_ids = tokenizer(answer_marker, add_special_tokens=False)["input_ids"]
+    forced = [not eos and answer_marker not in text for text, eos in zip(texts, has_eos)]
+    unfinished = [i for i, eos in enumerate(has_eos) if not eos]
+    if not unfinished:
+        return texts, has_eos, lengths
+    for i in unfinished:
+        if forced[i]:
+            texts[i] += answer_marker
+            lengths[i] += len(marker_ids)
+    tail = generate(model, tokenizer, [prompts[i] + texts[i] for i in unfinished], answer_tokens,
+                    temperature=temperature, greedy=greedy, max_prompt_length=max_prompt_length,
+                    prompt_truncation=prompt_truncation)
+    for i, text, eos, length in zip(unfinished, decode_responses(tokenizer, tail), tail.has_eos.tolist(),
+                                    tail.response_lengths.tolist()):
+        texts[i], has_eos[i], lengths[i] = texts[i] + text, eos, lengths[i] + length
+    return texts, has_eos, lengths
+
+
 def summarise_problems(records: Sequence[dict], draws: int) -> dict:
     """The evaluation summary from per-problem records (each: ``level`` and the lists
     ``correct``, ``answer``, ``eos``, ``length`` over that problem's kept draws).
@@ -230,9 +282,15 @@ def score_generations(
     source: str | None = None,
     samples_per_prompt: int = 1,
     seed: int | None = None,
+    thinking_budget: int | None = None,
+    answer_tokens: int = 16,
 ) -> dict:
     """Generate for every problem (`sampled_chunks`) and summarise (`summarise_problems`):
     accuracy, format rates, lengths.
+
+    With `thinking_budget` N, each response thinks at most N tokens before the task's
+    ``answer_marker`` is forced, then answers in at most `answer_tokens`
+    (`finish_after_thinking_budget`).
 
     In a data-parallel run each process passes its own shard of `problems` and
     ``gather=ppo.parallel.distributed.gather_objects``: the summary then covers every process's
@@ -242,13 +300,23 @@ def score_generations(
     """
     samples = []  # one (problem index, problem, score, has_eos, length) per response
     texts_all = []
+    if thinking_budget is not None:
+        if thinking_budget < 1 or getattr(task, "answer_marker", None) is None:
+            raise ValueError(f"thinking_budget={thinking_budget}: needs a budget >= 1 and a task with an "
+                             f"answer_marker (task {getattr(task, 'name', type(task).__name__)!r})")
+        max_new_tokens = min(max_new_tokens, thinking_budget)
     for chunk, rollout in sampled_chunks(model, tokenizer, problems, max_new_tokens, greedy, temperature, batch_size,
                                          samples_per_prompt, seed, max_prompt_length, prompt_truncation):
-        texts = decode_responses(tokenizer, rollout)
-        eos_flags = rollout.has_eos.tolist()
+        if thinking_budget is None:
+            texts, eos_flags, lengths = (decode_responses(tokenizer, rollout), rollout.has_eos.tolist(),
+                                         rollout.response_lengths.tolist())
+        else:  # Qwen3's early exit: the marker forced after the budget, then the answer
+            texts, eos_flags, lengths = finish_after_thinking_budget(
+                model, tokenizer, [p.prompt for _, p in chunk], rollout, task.answer_marker, answer_tokens, greedy,
+                temperature, max_prompt_length, prompt_truncation)
         scores = score_batch(task, [p for _, p in chunk], texts, eos_flags)
         samples += [(index, problem, score, eos, length) for (index, problem), score, eos, length
-                    in zip(chunk, scores, eos_flags, rollout.response_lengths.tolist())]
+                    in zip(chunk, scores, eos_flags, lengths)]
         texts_all += texts
     # Training's non-finite rule, decided once per evaluation on every rank together (a
     # shard's number of chunks differs between ranks; the collective must not).
@@ -325,6 +393,7 @@ def evaluate(
     nonfinite_rewards: str = "stop",
     source: str | None = None,
     samples_per_prompt: int = 1,
+    thinking_budget: int | None = None,
 ) -> dict:
     """Greedy and sampled (at `temperature`) metrics on the task's held-out set.
 
@@ -338,13 +407,14 @@ def evaluate(
     (Python, torch CPU, accelerator devices) is restored afterwards (`preserve_rng_state`), so
     an evaluation in the middle of training does not change the training run's randomness.
     Returns a flat dict: ``greedy_accuracy``, ``sampled_accuracy``,
-    ``sampled_length_correct``, ... and per-level accuracies.
+    ``sampled_length_correct``, ... and per-level accuracies. With `thinking_budget` both
+    are measured with the answer marker forced after that many tokens (`score_generations`).
     """
     if samples_per_prompt < 1:
         raise ValueError(f"samples_per_prompt must be >= 1, got {samples_per_prompt}")
     problems = list(task.eval_problems() if problems is None else problems)
     guards = dict(max_prompt_length=max_prompt_length, prompt_truncation=prompt_truncation,
-                  nonfinite_rewards=nonfinite_rewards, source=source)
+                  nonfinite_rewards=nonfinite_rewards, source=source, thinking_budget=thinking_budget)
     with preserve_rng_state():
         torch.manual_seed(seed)
         greedy = score_generations(model, tokenizer, task, problems, max_new_tokens, greedy=True,

@@ -54,7 +54,7 @@ def evaluate(config, task, models: Models, step: int, source: str) -> dict:
                                   **batch,
                                   max_prompt_length=models.max_prompt_length,
                                   prompt_truncation=cfg.prompt_truncation, nonfinite_rewards=cfg.nonfinite_rewards,
-                                  source=source)
+                                  source=source, thinking_budget=cfg.eval_thinking_budget)
     except (RewardFunctionError, NonFiniteError) as error:
         raise type(error)(f"held-out evaluation after step {step}: {error}") from error.__cause__
     if hasattr(task, "extra_eval"):

@@ -131,6 +131,12 @@ def validate(config) -> None:
         bad("eval_samples_per_prompt", "must be a positive integer")
     if not isinstance(config.eval_batch_size, int) or config.eval_batch_size < 1:
         bad("eval_batch_size", "must be a positive integer")
+    if config.eval_thinking_budget is not None and (not isinstance(config.eval_thinking_budget, int)
+                                                    or config.eval_thinking_budget < 1):
+        bad("eval_thinking_budget", "must be a positive integer (tokens of thinking) or None")
+    if config.eval_thinking_budget is not None and config.task in ("preference", "custom"):
+        bad("eval_thinking_budget", f"forces a task's answer marker, and task={config.task!r} has none; use "
+            "'arithmetic' or 'gsm8k', or None")
     if config.eval_size is not None and config.eval_size < 1:
         bad("eval_size", "must be a positive integer or None")
     _validate_trackers(config, bad)
@@ -275,6 +281,18 @@ def _validate_policy_loss(config, bad) -> None:
     if config.top_entropy_quantile < 1.0 and config.policy_loss in SEQUENCE_LEVEL_LOSSES:
         bad("top_entropy_quantile", f"masks single tokens, but policy_loss={config.policy_loss!r} has one ratio "
             "and one loss per sequence, whose gradient reaches every token: use 1.0, or 'gspo_token'")
+    if not config.kimi_tau > 0:
+        bad("kimi_tau", "must be > 0 (tau, the weight of Kimi k1.5's KL to the sampling policy)")
+    if config.policy_loss == "kimi":
+        # Kimi k1.5 (sec. 2.3.2) derives its loss with r_bar, the group's mean reward, for tau log Z,
+        # and averages the k responses' squared losses: any other baseline or weighting is not its loss.
+        if config.advantage_estimator != "dr_grpo" or config.whiten_advantages:
+            name = "advantage_estimator" if config.advantage_estimator != "dr_grpo" else "whiten_advantages"
+            bad(name, "policy_loss='kimi' uses r - mean(group), the group-mean baseline of Kimi k1.5 (no std "
+                "division, no whitening): set advantage_estimator='dr_grpo' and whiten_advantages=False")
+        if config.loss_agg != "seq_mean_token_mean":
+            bad("loss_agg", "policy_loss='kimi' has one squared loss per sequence, averaged over the sequences as "
+                "Kimi k1.5 eq. 3 does: set loss_agg='seq_mean_token_mean' (any other weighs sequences by length)")
     if not 0.0 <= config.top_entropy_quantile <= 1.0:
         bad("top_entropy_quantile", "must be in [0, 1] (1 = every token)")
     if not 0.0 < config.cov_fraction <= 1.0:
@@ -516,6 +534,8 @@ def inert_settings(config) -> list[tuple[str, str]]:
         one_step = "ppo_epochs=1 and num_minibatches=1 take one step on-policy (every ratio is exactly 1)"
         for name in ("cliprange", "cliprange_high", "dual_clip", "cliprange_value", "target_kl"):
             inert(name, one_step, "raise ppo_epochs or num_minibatches")
+        if config.policy_loss == "kimi":  # Kimi's log-ratios are 0 too: its gradient is REINFORCE's whatever tau is
+            inert("kimi_tau", one_step, "raise ppo_epochs or num_minibatches")
     if config.num_minibatches == 1:
         inert("whiten_advantages_per_minibatch", "num_minibatches=1 makes the minibatch the whole batch",
               "raise num_minibatches")
@@ -532,6 +552,11 @@ def inert_settings(config) -> list[tuple[str, str]]:
     if config.policy_loss in ("sapo", "gpg"):  # a soft gate, or no ratio at all: nothing is clipped
         for name in ("cliprange", "cliprange_high"):
             inert(name, f"policy_loss={config.policy_loss!r} clips no ratio", "use a clipped policy_loss")
+    if config.policy_loss != "kimi":
+        inert("kimi_tau", f"policy_loss={config.policy_loss!r}", "use policy_loss='kimi'")
+    else:
+        for name in ("cliprange", "cliprange_high"):
+            inert(name, "policy_loss='kimi' clips no ratio (its squared loss replaces the clip)", "remove it")
     if config.entropy_target is None:
         inert("entropy_coef_step", "entropy_target=None keeps entropy_coef fixed", "set entropy_target")
     if config.warmup_steps >= config.total_steps:

@@ -56,6 +56,8 @@ NO_EFFECT_BY_NATURE: dict[str, str] = {
     "eval_size": "how many held-out problems are evaluated",
     "eval_samples_per_prompt": "how many draws per held-out problem the evaluation takes (its precision, not the training)",
     "eval_batch_size": "how many held-out responses are generated at once (which draws, not the training)",
+    "eval_thinking_budget": "how the held-out evaluation caps the thinking before the answer marker (what is measured, "
+                            "not the training)",
     "log_samples": "how many decoded rollouts samples.jsonl gets",
     "save_every": "when checkpoints are written",
     "keep_checkpoints": "how many checkpoints stay on disk",
@@ -255,6 +257,7 @@ PROBES: dict[str, Any] = {
     "sapo_tau_pos": 2.0,
     "sapo_tau_neg": 2.0,
     "positive_nll_coef": 0.5,
+    "kimi_tau": 0.5,
     "top_entropy_quantile": 0.5,
     "entropy_target": 10.0,
     "entropy_coef_step": 0.01,

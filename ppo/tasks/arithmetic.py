@@ -101,6 +101,8 @@ class ArithmeticTask:
     eval_size: int = 256
     eval_seed: int = 1234
     name: str = "arithmetic"
+    # What ends the thinking: the evaluation's thinking budget forces it (ppo/run/evaluation.py).
+    answer_marker = ANSWER_MARKER
 
     def __post_init__(self):
         self.levels = tuple(tuple(level) for level in self.levels)

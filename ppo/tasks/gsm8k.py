@@ -224,6 +224,7 @@ class GSM8KTask:
     eval_size: int | None = None
     answer_mode: str = "flexible"
     name: str = "gsm8k"
+    answer_marker = "####"  # what the evaluation's thinking budget forces (ppo/run/evaluation.py)
     _train: list[Problem] = field(init=False, repr=False)
     _eval: list[Problem] = field(init=False, repr=False)
 

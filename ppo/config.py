@@ -186,6 +186,11 @@ class PPOConfig:
     sampling_precision: str = _f("fp32", "'fp32', or 'bf16' to sample under bf16 autocast while the trainer scores in fp32: a real mismatch to correct (arXiv 2510.26788).")
     log_rollout_mismatch: bool = _f(False, "Log the sampler-trainer mismatch (rollout_mismatch_kl, rollout_ratio_min / max) every step without correcting it; on whenever rollout_correction is.")
 
+    # ------------------------------------------------------------------ on-policy distillation (ppo/algorithm/distillation.py)
+    teacher_model_path: str | None = _f(None, "Teacher of on-policy distillation, frozen and scoring the student's own samples: a local Hugging Face causal LM directory with the policy's vocabulary, or 'testbed' (python -m ppo.models.teacher build, run on first use) (Qwen3 Technical Report, arXiv 2505.09388; Thinking Machines 'On-Policy Distillation' 2025).")
+    distill_coef: float = _f(0.0, "Weight of the per-token reverse KL(policy || teacher), exact over the vocabulary, added to the policy loss; 0 = off (Thinking Machines on-policy distillation 2025; TRL GKDTrainer lmbda=1, beta=1; verl).")
+    distill_only: bool = _f(False, "The reverse KL to the teacher is the whole policy objective: no reward-driven policy gradient, KL to the reference or entropy term; rewards are still scored and logged (Qwen3 on-policy strong-to-weak distillation, arXiv 2505.09388).")
+
     # ------------------------------------------------------------------ advantages
     advantage_estimator: str = _f("gae", "'gae' (PPO with a value model), or without one 'grpo', 'dr_grpo', 'rloo', 'reinforce', 'rft' (rejection-sampling fine-tuning on the kept samples), 'reinforce_plus_plus', 'reinforce_plus_plus_baseline' (REINFORCE++, arXiv 2501.03262) 'remax' (greedy-response baseline, arXiv 2310.10505), 'maxrl' ((r - mean) / mean; MaxRL, SkyRL, prime-rl), 'grpo_passk' (only the group's best response is credited, for pass@k; verl) or 'gdpo' (each reward component z-scored in its group, summed, then batch-normalised; GDPO, TRL normalize_then_sum).")
     gamma: float = _f(1.0, "GAE discount (AlpacaFarm, TRL: 1.0).")
@@ -270,7 +275,7 @@ class PPOConfig:
     lora_target_modules: str = _f("all-linear", "Layers that get adapters: 'all-linear' (every linear layer but the output head; QLoRA) or comma-separated module names such as 'q_proj,v_proj' (the LoRA paper).")
     lora_critic: bool = _f(False, "Also train the critic through LoRA adapters on its backbone, its scalar head fully trainable; needs lora_r > 0.")
     sharding: str = _f("none", "'none': every process holds whole models (DDP); 'fsdp': PyTorch FSDP2 splits the four models' weights, and policy and critic's gradients and AdamW state, across the processes (Zhao et al. 2023; AlpacaFarm trains with FSDP).")
-    offload_frozen_models: bool = _f(False, "With sharding='fsdp', keep the reference and reward model's shards in CPU memory and move them to the device one block at a time (FSDP CPUOffloadPolicy): device memory for transfer time.")
+    offload_frozen_models: bool = _f(False, "With sharding='fsdp', keep the frozen models' shards (reference, reward model, distillation teacher) in CPU memory and move them to the device one block at a time (FSDP CPUOffloadPolicy): device memory for transfer time.")
 
     # ------------------------------------------------------------------ speed toggles
     # Exact optimisations, each tested equal on and off (tests/test_lean_forward.py,

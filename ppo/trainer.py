@@ -160,13 +160,13 @@ class RLTrainer:
                                                self.device)
         self.timer = PhaseTimer()
         self.passes = ForwardPasses(self.policy, self.value_model, self.ref_policy, config, self.shuffle_generator,
-                                    self.micro_batch_size, self.timer)
+                                    self.micro_batch_size, self.timer, teacher=self.teacher)
         self.last_samples: list[dict] = []  # the last step's decoded samples, for samples.jsonl
         self.already_finished = False  # set by a resume of a run that had already finished (`train`)
 
     # Attributes users, tests and docs read, held by the collaborators.
     model_path, tokenizer, stop_token_ids, max_prompt_length = (_Held("models") for _ in range(4))
-    policy, policy_module, value_model, ref_policy, reward_model = (_Held("models") for _ in range(5))
+    policy, policy_module, value_model, ref_policy, reward_model, teacher = (_Held("models") for _ in range(6))
     policy_optimizer, value_optimizer = _Held("optimizers", "policy"), _Held("optimizers", "value")
     schedulers, model_parameters = _Held("optimizers"), _Held("optimizers", "parameters")
     step, samples_generated, latest_eval = (_Held("state") for _ in range(3))
@@ -377,8 +377,13 @@ class RLTrainer:
                 self.entropy_control.observe(entropy, mask)
                 if entropy_coef > 0:
                     loss = loss - entropy_coef * entropy_value
+                if cfg.distill_coef > 0 or cfg.distill_only:  # on-policy distillation: reverse KL to the teacher
+                    distill_term, distill_metrics = self.passes.distillation_loss(micro, **agg)
+                    # distill_only: the teacher's KL is the whole objective (Qwen3); else one more term.
+                    loss = distill_term if cfg.distill_only else loss + cfg.distill_coef * distill_term
+                    metrics.update(distill_metrics)
                 loss = loss * weight
-                if cfg.positive_nll_coef > 0:  # VAPO: also imitate the correct responses (weighted by their tokens)
+                if cfg.positive_nll_coef > 0 and not cfg.distill_only:  # VAPO: also imitate the correct responses
                     nll_term, nll_metrics = positive_nll_loss(logprobs, micro["positive_mask"])
                     loss = loss + cfg.positive_nll_coef * nll_weight * nll_term
                     metrics.update(nll_metrics)

@@ -10,8 +10,13 @@ ones the student visits, the on-policy form of Qwen3's strong-to-weak distillati
 (Qwen3 Technical Report, arXiv 2505.09388, strong-to-weak distillation). A sampled form on the student's tokens alone,
 ``log pi_student(y_t) - log pi_teacher(y_t)`` (k1), is its one-sample estimate.
 
-Not yet wired into the loop: there is no teacher model slot or config field; these are the
-pure functions such a slot computes its loss with.
+In the loop (`PPOConfig.teacher_model_path`, `distill_coef`, `distill_only`): the teacher is a
+frozen model beside the reference (ppo/models/setup.py, ppo/models/teacher.py); at every
+update micro-batch `ppo.models.forward_passes.ForwardPasses.distillation_loss` runs the
+policy (with autograd) and the teacher (without) over the rollout's tokens and hands both
+full log-softmaxes to `distillation_loss` below; `RLTrainer._update` adds it to the policy
+loss times `distill_coef`, or, with `distill_only`, trains on it alone. Logged as
+``distill_kl``, the mean per-token KL over the loss's tokens.
 """
 
 from __future__ import annotations
@@ -39,11 +44,13 @@ def sampled_reverse_kl(logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -
 
 
 def distillation_loss(log_probs: torch.Tensor, teacher_log_probs: torch.Tensor, mask: torch.Tensor,
-                      loss_agg: str = "token_mean", max_len: int | None = None) -> tuple[torch.Tensor, dict]:
+                      loss_agg: str = "token_mean", max_len: int | None = None, skip_empty_rows: bool = False,
+                      group_share: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """The per-token exact reverse KL to the teacher aggregated over `mask` by `loss_agg`
-    (`ppo.algorithm.losses.aggregate`); returns ``(loss, {"distill_kl": mean per-token KL})``."""
+    (`ppo.algorithm.losses.aggregate`, as the policy loss is); returns
+    ``(loss, {"distill_kl": mean per-token KL over the mask})``."""
     per_token = reverse_kl_to_teacher(log_probs, teacher_log_probs)  # [B, T]
-    loss = aggregate(per_token, mask, loss_agg, max_len)
+    loss = aggregate(per_token, mask, loss_agg, max_len, skip_empty_rows=skip_empty_rows, group_share=group_share)
     with torch.no_grad():
         metrics = {"distill_kl": _masked_mean(per_token, mask.bool()).item()}
     return loss, metrics

@@ -34,6 +34,12 @@ old and reference log-probs (`ppo.algorithm.kl.kl_penalty`), and, for `kl_estima
 (`response_log_softmax`, two extra no-grad passes; with "full" in the loss, one more policy
 pass with autograd per micro-batch and the reference's ``[B, T, V]`` kept in the buffer).
 
+On-policy distillation (`distillation_loss`, `PPOConfig.distill_coef` / `distill_only`): at
+each update micro-batch the policy's full log-softmax (with autograd, one more pass) and the
+frozen teacher's (no autograd, under `teacher_forward` in the step's times) over the
+rollout's own tokens, and the exact reverse KL between them (`ppo.algorithm.distillation`).
+The teacher scores the student's samples, never its own: the states are the student's.
+
 Reference refresh (`refresh_reference`, `ref_update_every` / `ref_update_alpha`): the frozen
 reference moved to (or toward) the current policy every so many steps.
 
@@ -49,6 +55,7 @@ import torch.nn.functional as F
 
 from ppo.parallel import distributed, sharding
 from ppo.speed import lean_forward
+from ppo.algorithm.distillation import distillation_loss
 from ppo.algorithm.kl import full_kl, kl_penalty
 from ppo.speed.lean_forward import response_logits
 from ppo.models.logprobs import (_pad_columns, _unpadded_inputs, logprobs_from_logits, padded_response_values, response_logprobs, response_logprobs_and_values,
@@ -94,6 +101,7 @@ class ForwardPasses:
         policy, value_model: the trained models as accelerate prepared them (the update's
             backward runs through them); `value_model` None without a critic.
         ref_policy: the frozen reference, or None when beta = 0.
+        teacher: on-policy distillation's frozen teacher, or None when distillation is off.
         config: the run's `PPOConfig`.
         shuffle_generator: the buffer's minibatch-order generator (peeked at, never advanced).
         micro_batch_size: rows per update micro-batch for a local batch of a given size.
@@ -101,8 +109,8 @@ class ForwardPasses:
     """
 
     def __init__(self, policy, value_model, ref_policy, config, shuffle_generator: torch.Generator,
-                 micro_batch_size, timer):
-        self.policy, self.value_model, self.ref_policy = policy, value_model, ref_policy
+                 micro_batch_size, timer, teacher=None):
+        self.policy, self.value_model, self.ref_policy, self.teacher = policy, value_model, ref_policy, teacher
         self.config = config
         self.shuffle_generator = shuffle_generator
         self.micro_batch_size = micro_batch_size
@@ -197,6 +205,18 @@ class ForwardPasses:
             inputs["log_probs"] = response_log_softmax(self.policy, *args, temperature=self.temperature)
             inputs["ref_log_probs"] = micro["ref_log_probs_full"]
         return inputs
+
+    # -- on-policy distillation ------------------------------------------------------------
+    def distillation_loss(self, micro: dict, **agg) -> tuple[torch.Tensor, dict]:
+        """The reverse KL(policy || teacher) of a micro-batch, exact over the vocabulary at each
+        of its loss tokens, aggregated as the policy loss is (`agg`: loss_agg, ...), with
+        autograd through the policy; and ``{"distill_kl": ...}``
+        (`ppo.algorithm.distillation.distillation_loss`)."""
+        args = tuple(micro[name] for name in ("query_ids", "query_mask", "response_ids", "response_mask"))
+        log_probs = response_log_softmax(self.policy, *args, temperature=self.temperature)  # [b, T, V]
+        with torch.no_grad(), self.timer("teacher_forward"):
+            teacher_log_probs = response_log_softmax(self.teacher, *args, temperature=self.temperature)  # [b, T, V]
+        return distillation_loss(log_probs, teacher_log_probs, micro["loss_mask"], **agg)
 
     def refresh_reference(self, steps_done: int) -> bool:
         """Move the reference toward the policy every `ref_update_every` steps: a hard reset

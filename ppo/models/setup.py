@@ -22,8 +22,13 @@ Implementation details that live here:
   checkpointing, a DDP wrapper) so does the reference, or float rounding fakes a step-1 KL.
 - **Token ids fit the embedding** (`check_token_ids`): a tokenizer's pad id past the
   embedding matrix grows a loaded policy's matrix, or is refused with what to do.
-- **Sharded models** (`PPOConfig.sharding`): with "fsdp" the four models are sharded across
-  the processes (`build_sharded`, ppo/parallel/sharding.py) instead of being wrapped by accelerate.
+- **The teacher of on-policy distillation** (`PPOConfig.teacher_model_path`, `distill_coef`,
+  `distill_only`): loaded frozen beside the reference when distillation is on, its vocabulary
+  checked against the policy's (`ppo.models.teacher`); "testbed" names the project's own
+  teacher, built on first use by the main process (`teacher_path`).
+- **Sharded models** (`PPOConfig.sharding`): with "fsdp" the four models (and the teacher) are
+  sharded across the processes (`build_sharded`, ppo/parallel/sharding.py) instead of being
+  wrapped by accelerate.
 - **Special tokens spelled in prompt text** (`PPOConfig.split_special_tokens`): by default
   ``'hello<eos>world'`` is encoded with the EOS token inside the prompt (the tokenizer's
   usual rule); True encodes such text as the characters it is made of.
@@ -47,6 +52,7 @@ from ppo.models.optimization import Optimizers, build_lr_scheduler, build_optimi
 from ppo.models.policy import (declared_stop_token_ids, disable_dropout, enable_gradient_checkpointing, load_policy,
                                resolve_max_prompt_length, set_training)
 from ppo.models.precision import cast_master_weights, master_dtype, prepare_frozen
+from ppo.models.teacher import load_teacher, resolve_teacher_path
 
 
 def warm_start_path(config) -> str:
@@ -60,6 +66,19 @@ def warm_start_path(config) -> str:
     if distributed.is_main_process():
         model_path = str(warm_start(progress=config.progress, stop_after=config.warm_start_steps))
     return distributed.broadcast_object(model_path)
+
+
+def teacher_path(config) -> str | None:
+    """The teacher's directory when distillation is on (`PPOConfig.distill_coef`,
+    `distill_only`), else None. ``"testbed"`` is the project's teacher: the main process
+    builds it the first time, the others wait for its path; a directory that does not exist
+    is refused, naming it."""
+    if not (config.distill_only or config.distill_coef > 0):
+        return None
+    path = None
+    if distributed.is_main_process():
+        path = str(resolve_teacher_path(config.teacher_model_path, progress=config.progress))
+    return distributed.broadcast_object(path)
 
 
 def check_stop_token_ids(stop_token_ids: list[int] | None, policy, tokenizer) -> None:
@@ -83,8 +102,9 @@ class Models:
     models: ``policy`` and ``value_model`` as accelerate prepared them (the update's
     backward runs through them; ``value_model`` None without a critic), ``policy_module`` and
     ``value_module`` unwrapped (sampling, evaluation, checkpoints), the frozen ``ref_policy``
-    (None when beta = 0) and ``reward_model`` (None unless `reward_model_path`), all placed
-    on ``device``. ``optimizers``: AdamW and the learning-rate schedules.
+    (None when beta = 0), ``reward_model`` (None unless `reward_model_path`) and ``teacher``
+    (on-policy distillation's, None unless it is on), all placed on ``device``.
+    ``optimizers``: AdamW and the learning-rate schedules.
     """
 
     model_path: str | None
@@ -100,6 +120,7 @@ class Models:
     reward_model: torch.nn.Module | None
     optimizers: Optimizers
     reward_reads_text: bool = False  # a sequence-classification reward model: scores text, own tokenizer
+    teacher: torch.nn.Module | None = None  # frozen; scores the policy's samples for on-policy distillation
 
     def set_training(self, mode: bool) -> None:
         """Policy and critic in train (or eval) mode (`ppo.models.policy.set_training`)."""
@@ -154,9 +175,12 @@ def build_models(config, accelerator, model_path: str | None, policy=None, token
     policy = apply_memory_toggles(config, policy, value_model)
     reward_model = load_reward_model(config) if config.reward_model_path else None
     settled["reward_reads_text"] = isinstance(reward_model, SequenceClassifierReward)
+    teacher_dir = teacher_path(config)  # on-policy distillation: frozen like the reference, never trained
+    teacher = (load_teacher(teacher_dir, policy, dtype=master_dtype(config.model_dtype),
+                            attn_implementation=config.attn_implementation) if teacher_dir else None)
 
     if sharding.sharded(config):  # FSDP2: each process keeps 1/N of every model (ppo/parallel/sharding.py)
-        return build_sharded(config, policy, value_model, ref_policy, reward_model, **settled)
+        return build_sharded(config, policy, value_model, ref_policy, reward_model, teacher=teacher, **settled)
     # The critic gets its own AdamW by default (separate_value_optimizer).
     policy_optimizer, value_optimizer = build_optimizers(config, policy, value_model)
     schedulers = [build_lr_scheduler(opt, config.lr_schedule, config.warmup_steps, config.total_steps)
@@ -175,6 +199,7 @@ def build_models(config, accelerator, model_path: str | None, policy=None, token
     elif config.uses_reference_model:
         ref_policy = AdapterDisabledReference(policy, policy_module)
     reward_model = prepare_frozen(accelerator, reward_model) if reward_model is not None else None
+    teacher = prepare_frozen(accelerator, teacher) if teacher is not None else None
     if config.lean_forward and config.mixed_precision == "no":  # autocast lives in the module call
         # The reference goes where the policy's own passes go (they run through
         # `Models.policy`: a DDP wrapper, or an HF forward under gradient checkpointing):
@@ -183,13 +208,13 @@ def build_models(config, accelerator, model_path: str | None, policy=None, token
                                               share_prompts=config.share_prompt_prefix,
                                               padding_free=config.padding_free)
         policy_lean = policy_lean and lean_forward.lean_backbone(policy) is not None
-        lean_forward.enable(ref_policy if policy_lean else None, value_module,
+        lean_forward.enable(ref_policy if policy_lean else None, value_module, teacher,
                             compile=config.compile_forward, share_prompts=config.share_prompt_prefix,
                             padding_free=config.padding_free)
         if config.paired_critic_pass:  # one stacked update pass of policy and critic when shapes match
             lean_forward.pair(policy_module, value_module)
     return Models(**settled, policy=policy, policy_module=policy_module, value_model=value_model,
-                  value_module=value_module, ref_policy=ref_policy, reward_model=reward_model,
+                  value_module=value_module, ref_policy=ref_policy, reward_model=reward_model, teacher=teacher,
                   optimizers=Optimizers(policy_optimizer, value_optimizer, schedulers, parameters))
 
 
@@ -206,12 +231,13 @@ def load_reward_model(config):
     return ScalarHeadModel.from_pretrained(config.reward_model_path, **kwargs).eval().requires_grad_(False)
 
 
-def build_sharded(config, policy, value_model, ref_policy, reward_model, **settled) -> Models:
-    """`build_models` under `PPOConfig.sharding` "fsdp": the four models sharded in place, the
+def build_sharded(config, policy, value_model, ref_policy, reward_model, teacher=None, **settled) -> Models:
+    """`build_models` under `PPOConfig.sharding` "fsdp": the four models (and a distillation
+    teacher, sharded like the reference) sharded in place, the
     optimizers built on the shards; no accelerate wrapper (FSDP does the gradient reduction
     DDP would), and the plain Hugging Face forward and generate (the lean paths decline).
     `settled` holds the `Models` fields settled before the models were built (tokenizer, ...)."""
-    sharding.shard_models(config, settled["device"], policy, value_model, ref_policy, reward_model)
+    sharding.shard_models(config, settled["device"], policy, value_model, ref_policy, reward_model, teacher)
     policy_optimizer, value_optimizer = build_optimizers(config, policy, value_model)
     schedulers = [build_lr_scheduler(opt, config.lr_schedule, config.warmup_steps, config.total_steps)
                   for opt in (policy_optimizer, value_optimizer) if opt is not None]
@@ -219,7 +245,7 @@ def build_sharded(config, policy, value_model, ref_policy, reward_model, **settl
     if ref_policy is None and config.uses_reference_model:
         ref_policy = AdapterDisabledReference(policy, policy)
     return Models(**settled, policy=policy, policy_module=policy, value_model=value_model, value_module=value_model,
-                  ref_policy=ref_policy, reward_model=reward_model,
+                  ref_policy=ref_policy, reward_model=reward_model, teacher=teacher,
                   optimizers=Optimizers(policy_optimizer, value_optimizer, schedulers, parameters))
 
 

@@ -20,7 +20,8 @@ Implementation details that live here:
   states (the optimizers are built on the sharded parameters); the reference and reward
   model sharded too, without optimizer, or with their shards kept in CPU memory and moved
   to the device one block at a time (`PPOConfig.offload_frozen_models`; FSDP's
-  ``CPUOffloadPolicy``). LoRA composes: the frozen base weights and the adapters are
+  ``CPUOffloadPolicy``). On-policy distillation's teacher (`PPOConfig.teacher_model_path`)
+  is a fifth, frozen model, sharded and offloaded as the reference is. LoRA composes: the frozen base weights and the adapters are
   sharded alike and only the adapters get gradients and AdamW state.
 - **Mixed precision through FSDP** (`mixed_precision_policy`): ``mixed_precision="bf16"``
   becomes FSDP's ``MixedPrecisionPolicy``: bf16 copies of the gathered weights for compute,
@@ -155,12 +156,13 @@ def mark_sharded(model: nn.Module) -> None:
             setattr(module, GENERATE_SYNC_ATTRIBUTE, True)
 
 
-def shard_models(config, device, policy, value_model, ref_policy, reward_model) -> None:
-    """Shard the run's models in place (see the module docstring)."""
+def shard_models(config, device, policy, value_model, ref_policy, reward_model, teacher=None) -> None:
+    """Shard the run's models in place (see the module docstring); a distillation `teacher`
+    is frozen and sharded like the reference."""
     for trained in (policy, value_model):
         if trained is not None:
             shard(trained, config.mixed_precision, device)
-    for frozen in (ref_policy, reward_model):
+    for frozen in (ref_policy, reward_model, teacher):
         if frozen is not None:
             shard(frozen, config.mixed_precision, device, offload=config.offload_frozen_models)
 

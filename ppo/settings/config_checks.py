@@ -264,6 +264,7 @@ def validate(config) -> None:
                                  "each process holds only its shard; use sharding='none' (one process or DDP)")
     if config.lora_critic and config.lora_r == 0:
         bad("lora_critic", "needs lora_r > 0 (the critic's adapters use the policy's rank and alpha)")
+    _validate_distillation(config, bad)
     refuse_inert(config)  # a setting this configuration never reads, where that is a plain mistake
 
 def _validate_policy_loss(config, bad) -> None:
@@ -311,6 +312,23 @@ def _validate_policy_loss(config, bad) -> None:
         bad("entropy_target", "must be > 0 or None")
     if not 0 <= config.overlong_buffer_length < config.response_length:
         bad("overlong_buffer_length", f"must be in [0, response_length) = [0, {config.response_length})")
+
+
+def _validate_distillation(config, bad) -> None:
+    """On-policy distillation (ppo/algorithm/distillation.py): a teacher to distil from, and no
+    critic trained for nothing. The teacher's directory and vocabulary are checked when it is
+    loaded (ppo/models/teacher.py)."""
+    if config.distill_coef < 0:
+        bad("distill_coef", "must be >= 0 (0 = off)")
+    if config.teacher_model_path is not None and not config.teacher_model_path.strip():
+        bad("teacher_model_path", "must be a model directory, 'testbed', or None")
+    for name in ("distill_only", "distill_coef"):
+        if getattr(config, name) and not config.teacher_model_path:
+            bad(name, "distils from a teacher: set teacher_model_path (a local Hugging Face model directory with the "
+                "policy's tokenizer, or 'testbed' for the testbed's teacher, python -m ppo.models.teacher build)")
+    if config.distill_only and config.uses_value_model:
+        bad("distill_only", "makes the reverse KL to the teacher the whole policy objective, so the critic of "
+            "advantage_estimator='gae' would train on returns nothing reads; use a critic-free estimator such as 'grpo'")
 
 
 def _validate_trackers(config, bad) -> None:
@@ -461,6 +479,19 @@ def inert_settings(config) -> list[tuple[str, str]]:
         inert("kl_k_beta", "the 'ziegler' controller steps by kl_horizon", "set kl_controller='alpacafarm'")
     else:
         inert("kl_horizon", "the 'alpacafarm' controller steps by kl_k_beta", "set kl_controller='ziegler'")
+
+    # On-policy distillation.
+    if not (config.distill_only or config.distill_coef > 0):
+        inert("teacher_model_path", "distill_coef=0 and distill_only=False never read the teacher",
+              "set distill_coef > 0 or distill_only=True")
+    if config.distill_only:
+        inert("distill_coef", "distill_only=True makes the teacher's KL the whole objective, weight 1", "remove it")
+        for name in ("kl_coef", "entropy_coef", "entropy_target", "positive_nll_coef", "length_reward_coef",
+                     "format_reward_coef"):
+            if name == "kl_coef" and config.kl_coef == 0:  # no reference at all: nothing to warn about
+                continue
+            inert(name, "distill_only=True trains on the reverse KL to the teacher alone (rewards are only logged)",
+                  "set distill_only=False, or add the teacher's KL with distill_coef")
 
     # Rewards, sampling and filtering.
     if config.missing_eos != "penalty":

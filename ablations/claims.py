@@ -38,7 +38,10 @@ smallest difference those seeds would have detected (80% power at the unadjusted
 can only be *consistent* against an equivalence margin registered with it: both one-sided
 tests (TOST) must put the difference inside +-margin. Without a margin it is *not detected*
 with its detectable size (an interval that holds zero also holds effects as large as that),
-and *contradicted* when the difference test rejects.
+and *contradicted* when the difference test rejects. A directed claim with a margin is a
+claim of non-inferiority ("no worse than, by more than the margin"): *reproduced* when the
+one-sided test rejects a difference of -margin or worse (on the claimed side), *contradicted*
+when the other one-sided test puts it beyond -margin, otherwise *not detected*.
 """
 
 from __future__ import annotations
@@ -204,9 +207,18 @@ def tost_p(stats: dict, margin: float) -> float:
                _one_sided_p((mean - margin) / se, n - 1, upper=False))
 
 
+def noninferiority_p(stats: dict, margin: float, direction: int, inferior: bool = False) -> float:
+    """The one-sided p-value of "``direction * difference <= -margin``" (non-inferiority
+    shown when small); with `inferior`, of "``direction * difference >= -margin``" (inferiority
+    beyond the margin shown when small)."""
+    n, mean, sd = stats["n"], direction * stats["mean"], stats["sd"]
+    return _one_sided_p((mean + margin) / (sd / math.sqrt(n)), n - 1, upper=not inferior)
+
+
 def _test(claim: Claim, rows: Sequence[dict], first, second, seeds) -> dict:
     """The paired difference ``first - second`` over `seeds` and the p-value of the test the
-    claim's verdict rests on (TOST for a claim of no difference with a margin)."""
+    claim's verdict rests on (TOST for a claim of no difference with a margin; the one-sided
+    non-inferiority test for a directed claim with one)."""
     stats = paired_difference(_values(rows, claim.ablation, *second, seeds),
                               _values(rows, claim.ablation, *first, seeds))  # variant - base = first - second
     stats["logged"] = all(any(r["ablation"] == claim.ablation and r["variant"] == variant and r["status"] == "ok"
@@ -217,6 +229,9 @@ def _test(claim: Claim, rows: Sequence[dict], first, second, seeds) -> dict:
     primary = stats["p"]
     if testable and claim.direction == 0 and claim.margin is not None:
         primary = tost_p(stats, claim.margin)
+    elif testable and claim.margin is not None:
+        primary = noninferiority_p(stats, claim.margin, claim.direction)
+        stats["inferior_p"] = noninferiority_p(stats, claim.margin, claim.direction, inferior=True)
     return {**stats, "primary_p": primary if testable else float("nan")}
 
 
@@ -282,6 +297,12 @@ def claim_verdict(direction: int, stats: dict, style: str = "g", margin: float |
         if p < ALPHA:
             return "contradicted"
         return f"not detected at {n} seeds ({detectable}; no equivalence margin registered)"
+    if margin is not None:  # non-inferiority
+        if p < ALPHA:
+            return f"reproduced: no worse than the registered margin {_fmt(margin, style)}"
+        if stats["inferior_p"] * max(1, stats.get("family_size", 1)) < ALPHA:
+            return "contradicted"
+        return f"not detected at {n} seeds ({detectable}); non-inferiority within {_fmt(margin, style)} not shown"
     if not p < ALPHA:
         return f"not detected at {n} seeds ({detectable})"
     return "reproduced" if math.copysign(1, stats["mean"]) == direction else "contradicted"
@@ -353,8 +374,11 @@ def claims_table(rows: Sequence[dict], claims: Sequence[Claim] = CLAIMS) -> str:
     for claim, result in zip(claims, evaluate_claims(rows, claims)):
         style = _style(claim.first[1])
         direction = directions[claim.direction]
-        if claim.margin is not None:
+        if claim.margin is not None and claim.direction == 0:
             direction += f" (margin ±{_fmt(claim.margin, style)})"
+        elif claim.margin is not None:
+            direction = (f"first {'not smaller' if claim.direction > 0 else 'not larger'} (non-inferiority margin "
+                         f"{_fmt(claim.margin, style)})")
         lines.append(f"| {_cell(claim.claim)} ({_cell(claim.source)}) | `{claim.ablation}`: {claim.comparison()} | "
                      f"{_cell(claim.quantity)} | {direction} | {_seed_list(claim.seeds)} ({result['n']} pairs) | "
                      f"{_difference(result, style)} | {_p_cell(result)} | {result['verdict']} | "

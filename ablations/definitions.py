@@ -148,8 +148,11 @@ class Claim:
     `first` and `second` are ``(variant, column)`` pairs of one ablation's ``results.csv``
     rows; they may be the same variant (e.g. the logged KL minus the true KL of one run).
     `seeds` are the seeds registered for the test. `family` groups the parts of one
-    several-part claim (Holm's correction over them); `margin` is the equivalence margin of a
-    claim of no difference, stated before its runs, in the column's units.
+    several-part claim (Holm's correction over them); `margin`, stated before the runs in the
+    column's units, is the equivalence margin of a claim of no difference (direction 0:
+    ``|first - second| < margin``) or the non-inferiority margin of a directed claim (direction
+    +1: ``first - second > -margin``, "the first is no worse than the second by more than the
+    margin"; -1 mirrored).
     """
 
     claim: str  # what the course says, in one sentence
@@ -157,7 +160,7 @@ class Claim:
     ablation: str
     first: tuple[str, str]
     second: tuple[str, str]
-    direction: int  # +1, -1, or 0 for "no difference"
+    direction: int  # +1, -1, or 0 for "no difference"; with a margin, +1 / -1 claim non-inferiority
     quantity: str  # what is compared, in words
     seeds: tuple[int, ...] = ()
     family: str = ""
@@ -169,8 +172,8 @@ class Claim:
             raise ValueError(f"claim {self.claim!r}: direction must be -1, 0 or +1, got {self.direction}")
         if not self.seeds:
             raise ValueError(f"claim {self.claim!r}: no registered seeds")
-        if self.margin is not None and (self.direction != 0 or not self.margin > 0):
-            raise ValueError(f"claim {self.claim!r}: margin is for claims of no difference and must be > 0")
+        if self.margin is not None and not self.margin > 0:
+            raise ValueError(f"claim {self.claim!r}: margin (equivalence or non-inferiority) must be > 0")
 
     def comparison(self, first: tuple[str, str] | None = None, second: tuple[str, str] | None = None) -> str:
         """The comparison with its columns, e.g. ```std` - `no_std` in `adv_share_level0```."""

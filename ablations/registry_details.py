@@ -374,3 +374,38 @@ register(
               _KIMI_SEEDS, margin=0.03),
     ),
 )
+
+# ---------------------------------------------------------------------- on-policy distillation (ppo/algorithm/distillation.py)
+# The teacher is the testbed's own (`teacher_model_path="testbed"`, ppo/models/teacher.py): GRPO
+# run on from the same pinned warm start for 200 steps, more than three times an arm's 60, and
+# built on first use (python -m ppo.models.teacher build). Every arm samples the same 8 x 8
+# responses a step for 60 steps, so the comparison is at equal samples; `distill_only` trains on
+# the teacher's per-token reverse KL alone (no reward, no KL to the reference: kl_coef 0),
+# `grpo_distill` adds it to GRPO's loss with weight 1 (the weight of the reward in Thinking
+# Machines' on-policy distillation, where the negative reverse KL is the per-token reward).
+# Seeds: the claim is one of non-inferiority against -0.03 held-out accuracy (the margin of the
+# other no-difference claims). With the paired sd of about 0.025 (docs/testbed.md), 80% power at
+# a true difference of 0 needs (t_0.05 + t_0.20) sd / sqrt(n) <= 0.03, about 2.8 * 0.025 /
+# sqrt(n) <= 0.03: n >= 5.4; 8 seeds leave room for a larger spread between these two arms.
+_DISTILL_SEEDS = (1, 2, 3, 4, 5, 6, 7, 8)
+_TEACHER = {"teacher_model_path": "testbed"}
+register(
+    "distillation",
+    "On-policy distillation from a stronger teacher (the testbed's: more GRPO from the same start) against RL "
+    "from the same start at equal samples: GRPO, GRPO plus the per-token reverse KL to the teacher, and the "
+    "reverse KL alone (Qwen3's on-policy strong-to-weak distillation).",
+    [Variant("grpo", GRPO),
+     Variant("grpo_distill", GRPO, {**_TEACHER, "distill_coef": 1.0}),
+     # No reference at all: kl_coef 0, and GRPO's KL settings back to their defaults (else warned as inert).
+     Variant("distill_only", GRPO, {**_TEACHER, "distill_only": True, "kl_coef": 0.0, "kl_placement": "reward",
+                                    "kl_estimator": "k1"})],
+    metric="accuracy", extra_metrics=("distill_kl", "kl_k1", "entropy", "response_length"),
+    steps=60, seeds=len(_DISTILL_SEEDS),
+    claims=(
+        Claim("Distillation from the teacher reaches a held-out accuracy no lower than RL from the same start at "
+              "equal samples.", "Qwen3 Technical Report (arXiv 2505.09388, on-policy strong-to-weak distillation); "
+              "Thinking Machines, 'On-Policy Distillation' (2025)", "distillation",
+              ("distill_only", "final_sampled_accuracy"), ("grpo", "final_sampled_accuracy"), +1,
+              "final_sampled_accuracy", _DISTILL_SEEDS, margin=0.03),
+    ),
+)

@@ -7,7 +7,8 @@ main process writes what the test compares into ``OUT``.
 
 - ``update``: one train_step on a fixed global rollout batch for the alpacafarm preset
   (reward model, critic started from it, GAE, whitening, adaptive KL), GRPO (its reference
-  offloaded) and alpacafarm with LoRA (policy and critic),
+  offloaded), GRPO with on-policy distillation (a teacher, offloaded too) and alpacafarm
+  with LoRA (policy and critic),
   every config with ``sharding="fsdp"``: in one process that is the plain run. Writes the
   whole weights after the step, the metrics, and each process's bytes of parameters,
   gradients and optimizer state; with 2 processes also for a DDP run of the same update.
@@ -106,7 +107,7 @@ def fixed_batch_update(model_dir: str, out: Path, name: str, config) -> None:
         (out / f"memory_{name}.json").write_text(json.dumps(memory))
     if distributed.is_main_process():  # each model: its FSDP offload policy, or how it is held
         roles = {"policy": trainer.policy, "value": trainer.value_model, "reference": trainer.ref_policy,
-                 "reward_model": trainer.reward_model}
+                 "reward_model": trainer.reward_model, "teacher": trainer.teacher}
         (out / f"placement_{name}.json").write_text(json.dumps({role: placement(model) for role, model in roles.items()
                                                                 if model is not None}))
     TRAINERS[name], ROLLOUTS[name] = trainer, full
@@ -126,6 +127,22 @@ def reward_model(model: str, out: Path) -> str:
     return str(path)
 
 
+def teacher_model(model: str, out: Path) -> str:
+    """On-policy distillation's teacher: the warm start with seeded noise on every weight (the
+    same on every rank and in every launch), so its distribution differs from the policy's."""
+    path = out / "teacher"
+    if distributed.is_main_process():
+        teacher, tokenizer = load_policy(model)
+        generator = torch.Generator().manual_seed(13)
+        with torch.no_grad():
+            for parameter in teacher.parameters():
+                parameter.add_(0.05 * torch.randn(parameter.shape, generator=generator))
+        teacher.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+    distributed.barrier()
+    return str(path)
+
+
 def scenario_update(model: str, out: Path) -> None:
     fixed = dict(task="custom", total_steps=1, warmup_steps=0, num_minibatches=1, sharding="fsdp")
     # All four models: policy, critic (from the reward model, AlpacaFarm), reference, reward model.
@@ -137,6 +154,10 @@ def scenario_update(model: str, out: Path) -> None:
     grpo = preset("grpo", testbed=True, model_path=model, output_dir=str(out / "u_grpo"), group_size=4, **TINY)
     grpo = grpo.replace(grpo_scale="batch", gradient_accumulation_steps=1, offload_frozen_models=True, **fixed)
     fixed_batch_update(model, out, "grpo", grpo)
+    # GRPO plus the reverse KL to a teacher: a fifth model, frozen, sharded (and offloaded) like the reference.
+    distill = grpo.replace(output_dir=str(out / "u_distill"), teacher_model_path=teacher_model(model, out),
+                           distill_coef=0.5)
+    fixed_batch_update(model, out, "distill", distill)
     lora = gae.replace(output_dir=str(out / "u_lora"), lora_r=4, lora_critic=True)
     fixed_batch_update(model, out, "lora", lora)
     if distributed.world_size() > 1:  # the same update with whole models on every rank (DDP)

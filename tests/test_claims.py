@@ -215,7 +215,34 @@ def test_no_difference_is_consistent_only_inside_a_registered_margin():
     # a separated difference still contradicts a claim of no difference, margin or not
     assert evaluate_claim(claim(0, margin=0.01), ROWS)["verdict"] == "contradicted"
     with pytest.raises(ValueError, match="margin"):
-        claim(+1, margin=0.05)
+        claim(0, margin=0.0)
+
+
+def test_a_directed_claim_with_a_margin_is_one_of_non_inferiority():
+    """"The first is no worse than the second by more than the margin". EQUAL, differences
+    [+0.01, -0.01, 0] (se 0.005774): margin 0.05, t = 0.05 / se = 8.66, one-sided p = 0.0065:
+    reproduced, on either side; margin 0.01, t = 1.732, p = 0.113: not shown. ROWS, differences
+    [0.2, 0.2, 0.1] (mean 0.1667, se 0.03333): claimed not smaller, t = (0.1667 + 0.05) / se = 6.5,
+    p = (1 - 6.5 / sqrt(6.5^2 + 2)) / 2 = 0.0114: reproduced; claimed not larger, t = -3.5 and the
+    inferiority test's p = (1 - 3.5 / sqrt(3.5^2 + 2)) / 2 = 0.0364: contradicted."""
+    shown = evaluate_claim(claim(+1, margin=0.05), EQUAL)
+    assert shown["primary_p"] == pytest.approx((1 - 8.6603 / (8.6603 ** 2 + 2) ** 0.5) / 2, abs=1e-4)
+    assert shown["verdict"] == "reproduced: no worse than the registered margin 0.050"
+    assert evaluate_claim(claim(-1, margin=0.05), EQUAL)["verdict"] == shown["verdict"]
+    narrow = evaluate_claim(claim(+1, margin=0.01), EQUAL)
+    assert narrow["primary_p"] == pytest.approx((1 - 3 ** 0.5 / 5 ** 0.5) / 2, abs=1e-4)
+    assert narrow["verdict"].startswith("not detected at 3 seeds") and "non-inferiority within 0.010 not shown" in \
+        narrow["verdict"]
+    better = evaluate_claim(claim(+1, margin=0.05), ROWS)
+    assert better["primary_p"] == pytest.approx((1 - 6.5 / (6.5 ** 2 + 2) ** 0.5) / 2, abs=2e-3)
+    assert better["verdict"].startswith("reproduced")
+    worse = evaluate_claim(claim(-1, margin=0.05), ROWS)
+    assert worse["inferior_p"] == pytest.approx((1 - 3.5 / (3.5 ** 2 + 2) ** 0.5) / 2, abs=2e-3)
+    assert worse["verdict"] == "contradicted"
+    row = claims.claims_table(EQUAL, [claim(+1, margin=0.05)]).splitlines()[2]
+    assert "| first not smaller (non-inferiority margin 0.050) |" in row
+    with pytest.raises(ValueError, match="margin"):
+        claim(+1, margin=-0.05)
 
 
 def test_the_verdict_uses_registered_seeds_and_shows_amendments():

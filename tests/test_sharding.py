@@ -3,7 +3,8 @@ CPU processes over gloo.
 
 - one update on a fixed rollout batch gives the same weights and metrics sharded over 2
   processes as in 1 (alpacafarm: reward model, critic, GAE, whitening, adaptive KL; GRPO
-  with the frozen reference offloaded; alpacafarm with LoRA on policy and critic), all four
+  with the frozen reference offloaded; GRPO distilling from a frozen teacher, sharded and
+  offloaded like the reference; alpacafarm with LoRA on policy and critic), all four
   models sharded;
 - each process holds half the parameters, gradients and AdamW state that DDP holds;
 - the consolidated checkpoint loads with from_pretrained and scores as the sharded models do;
@@ -128,7 +129,7 @@ def runs(tmp_path_factory, tiny_model_dir):
     return root
 
 
-@pytest.mark.parametrize("name", ["gae", "grpo", "lora"])
+@pytest.mark.parametrize("name", ["gae", "grpo", "distill", "lora"])
 def test_sharded_update_equals_one_process(runs, name):
     one = torch.load(runs / "one" / f"update_{name}_weights.pt", weights_only=True)
     two = torch.load(runs / "two" / f"update_{name}_weights.pt", weights_only=True)
@@ -141,19 +142,23 @@ def test_sharded_update_equals_one_process(runs, name):
     assert metrics_one["policy_grad_norm"] > 0 and metrics_one["advantage_abs_mean"] > 0  # the update did move
     if name != "grpo":
         assert metrics_one["value_grad_norm"] > 0
+    if name == "distill":  # the teacher's term was in the update, the same sharded as whole
+        assert metrics_one["distill_kl"] > 1e-4 and "distill_kl" not in json.loads(
+            (runs / "one" / "update_grpo_metrics.json").read_text())
     if name == "lora":
         assert any("lora_A" in key for key in one) and any(key.startswith("value.") and "lora_B" in key for key in one)
 
 
 def test_all_four_models_are_sharded_and_frozen_ones_offloaded_when_asked(runs):
     """Every model is an FSDP module on 2 processes (OffloadPolicy: the shards stay on the device);
-    with offload_frozen_models the GRPO reference's shards live in CPU memory. In one process
-    nothing is sharded."""
+    with offload_frozen_models the GRPO reference's (and a distillation teacher's) shards live in
+    CPU memory. In one process nothing is sharded."""
     placement = {name: json.loads((runs / "two" / f"placement_{name}.json").read_text())
-                 for name in ("gae", "grpo", "lora", "gae_ddp")}
+                 for name in ("gae", "grpo", "distill", "lora", "gae_ddp")}
     sharded = "OffloadPolicy"
     assert placement["gae"] == dict.fromkeys(("policy", "value", "reference", "reward_model"), sharded)
     assert placement["grpo"] == {"policy": sharded, "reference": "CPUOffloadPolicy"}
+    assert placement["distill"] == {"policy": sharded, "reference": "CPUOffloadPolicy", "teacher": "CPUOffloadPolicy"}
     assert placement["lora"] == {"policy": sharded, "value": sharded, "reference": "adapter-disabled policy",
                                  "reward_model": sharded}
     assert set(placement["gae_ddp"].values()) == {"whole"}

@@ -123,6 +123,14 @@ EVIDENCE: dict[str, str] = {
     "difficulty_filter": "tests/test_toggles.py::test_difficulty_filter_masks_groups (groups outside the band)",
     "score_position": "tests/test_presets_sources.py::test_trl_ppo_score_after_the_stop_token_equals_trl (a "
                       "response that stops short of the width)",
+    "teacher_model_path": "tests/test_teacher_distillation.py::test_distill_kl_decreases_in_a_short_distillation_run "
+                          "(a teacher directory; the probe has none)",
+    "distill_coef": "tests/test_teacher_distillation.py::"
+                    "test_distill_only_training_loss_equals_the_dense_reverse_kl_by_hand (a teacher directory; the "
+                    "probe has none)",
+    "distill_only": "tests/test_teacher_distillation.py::"
+                    "test_distill_only_training_loss_equals_the_dense_reverse_kl_by_hand (a teacher directory; the "
+                    "probe has none)",
 }
 
 
@@ -223,6 +231,9 @@ PROBES: dict[str, Any] = {
     "off_policy_mask_threshold": 0.05,
     "sampling_precision": "bf16",
     "log_rollout_mismatch": _flip,
+    "teacher_model_path": "teachers/any",
+    "distill_coef": 0.5,
+    "distill_only": True,
     "advantage_estimator": lambda config, name: "reinforce" if config.group_size == 1 else _other("rloo", "grpo")(
         config, name),
     "gamma": 0.9,
@@ -295,6 +306,9 @@ PROBES: dict[str, Any] = {
 # Settings a probe value needs to be valid at all (the field is still the one judged).
 COMPANIONS: dict[str, dict] = {
     "task": {"task_path": "data/gsm8k_train.jsonl"},
+    "teacher_model_path": {"distill_coef": 0.5},  # a teacher alone is never read
+    "distill_coef": {"teacher_model_path": "teachers/any"},
+    "distill_only": {"teacher_model_path": "teachers/any"},
 }
 
 

@@ -9,6 +9,7 @@ in the order the algorithm runs:
     5.   rewards         per-token rewards: score at the last token, -beta*KL (ppo/algorithm/rewards.py)
     6.   advantages      GAE with the critic, or group-relative (gae/)
     7.   update          epochs x minibatches x micro-batches of clipped surrogate + value loss
+                         (+ the reverse KL to a teacher: on-policy distillation, ppo/algorithm/distillation.py)
     8.   KL control      adapt beta (adaptive controller), step the learning-rate schedule
 
 GRPO is not a second trainer: it is this loop with ``advantage_estimator="grpo"`` (no critic

@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     recipe = info["recipe"]
     print(f"testbed teacher: {model_dir}")
     print(f"GRPO from the pinned warm start: {recipe['total_steps']} steps, seed {recipe['seed']}, "
-          f"{recipe['threads']} threads; built in {info['build_seconds']:.0f}s; weights sha256 "
+          f"threads {recipe['threads']}; built in {info['build_seconds']:.0f}s; weights sha256 "
           f"{info['weights_sha256'][:16]}")
     print(describe(info))
     return 0

@@ -69,7 +69,7 @@ def test_distill_only_training_loss_equals_the_dense_reverse_kl_by_hand(tmp_path
     update backpropagates is exactly the mean over the batch's response tokens of the reverse
     KL from the policy to the teacher, whatever the rewards were."""
     trainer = make_trainer(tmp_path, tiny_model_dir, teacher_model_path=str(teacher_dir), distill_only=True,
-                           kl_coef=0.0, loss_agg="token_mean")
+                           kl_coef=0.0, kl_placement="reward", loss_agg="token_mean")
     seen = {}
     old_logprobs, backward = trainer.passes.old_logprobs, trainer.accelerator.backward
     trainer.passes.old_logprobs = lambda rollout: (seen.setdefault("rollout", rollout), old_logprobs(rollout))[1]
@@ -83,7 +83,7 @@ def test_distill_only_training_loss_equals_the_dense_reverse_kl_by_hand(tmp_path
     assert metrics["distill_kl"] == pytest.approx(expected, rel=1e-5, abs=1e-6)
     # Plus the policy-gradient loss instead (distill_coef): the teacher's term is added, not alone.
     mixed = make_trainer(tmp_path / "mixed", tiny_model_dir, teacher_model_path=str(teacher_dir), distill_coef=0.5,
-                         kl_coef=0.0, loss_agg="token_mean")
+                         kl_coef=0.0, kl_placement="reward", loss_agg="token_mean")
     captured = {}
     backward = mixed.accelerator.backward
     mixed.accelerator.backward = lambda loss: (captured.setdefault("loss", float(loss.detach())), backward(loss))[1]
@@ -114,7 +114,7 @@ def test_distill_kl_decreases_in_a_short_distillation_run(tmp_path, tiny_model_d
     """A few steps of distill_only (no reward) from one random model toward another: the
     student's reverse KL to the teacher, on its own samples, falls."""
     trainer = make_trainer(tmp_path, tiny_model_dir, teacher_model_path=str(teacher_dir), distill_only=True,
-                           kl_coef=0.0, lr=3e-3, total_steps=8, response_length=6)
+                           kl_coef=0.0, kl_placement="reward", lr=3e-3, total_steps=8, response_length=6)
     summary = trainer.train()
     rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     kl = [row["distill_kl"] for row in rows if "distill_kl" in row]

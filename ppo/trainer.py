@@ -379,10 +379,10 @@ class RLTrainer:
                 if entropy_coef > 0:
                     loss = loss - entropy_coef * entropy_value
                 if cfg.distill_coef > 0 or cfg.distill_only:  # on-policy distillation: reverse KL to the teacher
-                    distill_term, distill_metrics = self.passes.distillation_loss(micro, **agg)
+                    distill_term, kl_sum, tokens = self.passes.distillation_loss(micro, **agg)
                     # distill_only: the teacher's KL is the whole objective (Qwen3); else one more term.
                     loss = distill_term if cfg.distill_only else loss + cfg.distill_coef * distill_term
-                    metrics.update(distill_metrics)
+                    tally.add_token_sum("distill_kl", kl_sum, tokens)  # logged per real token
                 loss = loss * weight
                 if cfg.positive_nll_coef > 0 and not cfg.distill_only:  # VAPO: also imitate the correct responses
                     nll_term, nll_metrics = positive_nll_loss(logprobs, micro["positive_mask"])

@@ -140,7 +140,7 @@ def test_sharded_update_equals_one_process(runs, name):
     metrics_two = json.loads((runs / "two" / f"update_{name}_metrics.json").read_text())
     assert_metrics_close(metrics_one, metrics_two)
     assert metrics_one["policy_grad_norm"] > 0 and metrics_one["advantage_abs_mean"] > 0  # the update did move
-    if name != "grpo":
+    if name not in ("grpo", "distill"):  # the GRPO runs have no critic
         assert metrics_one["value_grad_norm"] > 0
     if name == "distill":  # the teacher's term was in the update, the same sharded as whole
         assert metrics_one["distill_kl"] > 1e-4 and "distill_kl" not in json.loads(

@@ -207,16 +207,19 @@ class ForwardPasses:
         return inputs
 
     # -- on-policy distillation ------------------------------------------------------------
-    def distillation_loss(self, micro: dict, **agg) -> tuple[torch.Tensor, dict]:
+    def distillation_loss(self, micro: dict, **agg) -> tuple[torch.Tensor, float, float]:
         """The reverse KL(policy || teacher) of a micro-batch, exact over the vocabulary at each
         of its loss tokens, aggregated as the policy loss is (`agg`: loss_agg, ...), with
-        autograd through the policy; and ``{"distill_kl": ...}``
-        (`ppo.algorithm.distillation.distillation_loss`)."""
+        autograd through the policy (`ppo.algorithm.distillation.distillation_loss`); and the
+        per-token KL summed over those tokens with their count, for ``distill_kl``, a mean over
+        real tokens whatever `loss_agg` and however the batch is split."""
         args = tuple(micro[name] for name in ("query_ids", "query_mask", "response_ids", "response_mask"))
         log_probs = response_log_softmax(self.policy, *args, temperature=self.temperature)  # [b, T, V]
         with torch.no_grad(), self.timer("teacher_forward"):
             teacher_log_probs = response_log_softmax(self.teacher, *args, temperature=self.temperature)  # [b, T, V]
-        return distillation_loss(log_probs, teacher_log_probs, micro["loss_mask"], **agg)
+        loss, metrics = distillation_loss(log_probs, teacher_log_probs, micro["loss_mask"], **agg)
+        tokens = float(micro["loss_mask"].sum())
+        return loss, metrics["distill_kl"] * tokens, tokens
 
     def refresh_reference(self, steps_done: int) -> bool:
         """Move the reference toward the policy every `ref_update_every` steps: a hard reset

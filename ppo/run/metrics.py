@@ -108,6 +108,11 @@ class UpdateTally:
             else:
                 self.means.add_weighted(key, weight * float(value), weight)
 
+    def add_token_sum(self, key: str, total: float, tokens: float) -> None:
+        """A metric that is a mean over real tokens (the whole update, every rank), whatever
+        the loss's weights: its sum over a micro-batch's tokens and their count."""
+        self.means.add_weighted(key, total, tokens)
+
     def add_optimizer_step(self, step_metrics: dict[str, float]) -> None:
         for key, value in step_metrics.items():
             self.step_sums[key] += value

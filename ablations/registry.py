@@ -337,6 +337,16 @@ register(
     metric="time_step", extra_metrics=("accuracy", "time_generate", "time_reference_forward", "time_update"),
 )
 
+# ---------------------------------------------------------------------- several processes only
+# Toggles that act only across processes. The runner launches each run as one process, where
+# the two arms of such an ablation would be one computation (the run warns that the setting
+# cannot act), so each is shown in two processes by the named test instead of by a sweep.
+DATA_PARALLEL_ONLY: dict[str, str] = {
+    "whitening_scope": "tests/test_data_parallel.py::test_whitening_scope_process_whitens_each_ranks_rows_alone "
+                       "(AlpacaFarm's per-process whitening against the whole batch's, on each of 2 ranks)",
+    "sharding": "tests/test_sharding.py (FSDP in 2 processes equals the one-process update)",
+}
+
 # ---------------------------------------------------------------------- the demo
 register(
     "quick",

@@ -401,7 +401,8 @@ def reward_model_markdown(path: str | Path | None = None) -> str:
         "",
         "| | |",
         "|---|---|",
-        f"| labelled pairs (training / held out) | {len(rows)} ({metrics['train_pairs']} / {metrics['heldout_pairs']}) |",
+        f"| labelled pairs (training / held out) | {len(rows)} "
+        f"({metrics['train_pairs']} / {metrics['heldout_pairs']}) |",
         f"| pairs by what separates them under gold: correctness / format / re-checks only | "
         f"{kinds['correctness']} / {kinds['format']} / {kinds['brevity']} |",
         f"| labels that agree with gold (the {len(decided)} pairs with a gold winner) | {agree / len(decided):.3f} |",
@@ -436,7 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     build = commands.add_parser("build", help="the reward model (pinned, cached or built) and its accuracy")
     path = commands.add_parser("path", help="print the directory runs read the reward model from (builds nothing)")
-    describe = commands.add_parser("describe", help="the pinned reward model's numbers as markdown (docs/alpacafarm.md)")
+    describe = commands.add_parser("describe",
+                                   help="the pinned reward model's numbers as markdown (docs/alpacafarm.md)")
     describe.add_argument("--update", metavar="MARKDOWN", help="rewrite the generated:reward_model block of this file")
     for sub in (build, path):
         sub.add_argument("--pairs", type=int, default=RLHFConfig.n_pairs, help="labelled preference pairs")

@@ -59,6 +59,11 @@ def cmd_list(args: argparse.Namespace) -> int:
     for name, ablation in ablations.items():
         count = len(ablation.variants)
         print(f"{name:<{width}}  {count:>2} variant{'s' if count != 1 else ' '}  {ablation.question}")
+    from .registry import DATA_PARALLEL_ONLY
+
+    print("\nacting only across processes (each run of a sweep is one process), shown by a test instead:")
+    for field, test in DATA_PARALLEL_ONLY.items():
+        print(f"  {field}: {test}")
     return 0
 
 

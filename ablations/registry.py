@@ -337,6 +337,16 @@ register(
     metric="time_step", extra_metrics=("accuracy", "time_generate", "time_reference_forward", "time_update"),
 )
 
+# ---------------------------------------------------------------------- several processes only
+# Toggles that act only across processes. The runner launches each run as one process, where
+# the two arms of such an ablation would be one computation (the run warns that the setting
+# cannot act), so each is shown in two processes by the named test instead of by a sweep.
+DATA_PARALLEL_ONLY: dict[str, str] = {
+    "whitening_scope": "tests/test_data_parallel.py::test_whitening_scope_process_whitens_each_ranks_rows_alone "
+                       "(AlpacaFarm's per-process whitening against the whole batch's, on each of 2 ranks)",
+    "sharding": "tests/test_sharding.py (FSDP in 2 processes equals the one-process update)",
+}
+
 # ---------------------------------------------------------------------- the demo
 register(
     "quick",
@@ -368,16 +378,17 @@ register(
 )
 
 # ---------------------------------------------------------------------- RLHF: reward over-optimisation
-# The reward model must exist before the sweep runs: `python -m ppo.tasks.rlhf build` (docs/alpacafarm.md).
-# Its cache path is a pure function of the settings, so registering builds nothing.
-from ppo.tasks.rlhf import reward_model_cache_path  # noqa: E402
+# The default reward model is shipped (ppo/tasks/reward_model/); other settings are built first with
+# `python -m ppo.tasks.rlhf build` (docs/alpacafarm.md). Its path is a pure function of the settings,
+# so registering builds nothing.
+from ppo.tasks.rlhf import reward_model_path  # noqa: E402
 
 register(
     "alpacafarm_overoptimization",
     "Simulated-preference RLHF (AlpacaFarm preset, reward model from noisy pairwise labels): as the KL "
     "coefficient shrinks, does the proxy reward keep rising while the hidden gold reward and the win rate "
     "against the SFT policy stop improving or fall (reward over-optimisation)?",
-    [Variant(f"kl_{c}", PPO, {"task": "preference", "reward_model_path": str(reward_model_cache_path()),
+    [Variant(f"kl_{c}", PPO, {"task": "preference", "reward_model_path": str(reward_model_path()),
                               "value_init": "reward_model", "kl_coef": c})
      for c in (0.0, 0.0067, 0.05, 0.2)],
     metric="eval_gold_reward",

@@ -193,10 +193,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--workers and --threads must be at least 1")
     if not args.dry_run and not clean_tree_or_override(args.allow_dirty, Path(args.report_dir)):
         return 2
-    from ppo.tasks.rlhf import is_built, reward_model_cache_path
+    from ppo.tasks.rlhf import is_built, reward_model_path
     from ppo.tasks.rlhf import main as build_reward_model
 
-    if not args.dry_run and not is_built(reward_model_cache_path()):
+    if not args.dry_run and not is_built(reward_model_path()):  # shipped: built only where not pinned
         build_reward_model(["build"])  # alpacafarm_overoptimization's reward model (cached)
     sweep_dir = Path(args.out)
     specs = planned_specs(sweep_dir.absolute())

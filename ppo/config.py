@@ -36,7 +36,7 @@ from ppo.presets import PRESETS, TESTBED_ADJUSTMENTS, TESTBED_SCALE  # re-export
 from ppo.settings import config_checks
 from ppo.settings.choices import (ADVANTAGE_ESTIMATOR_NAMES, DIFFICULTY_FILTER_MODES, GSM8K_ANSWER_MODES,  # noqa: F401
                                   KL_CONTROLLER_NAMES, KL_ESTIMATOR_NAMES, LOSS_AGG_NAMES, MAX_SEED,
-                                  REWARD_WHITENING_MODES, SCORE_POSITIONS)
+                                  METRIC_DENOMINATORS, REWARD_WHITENING_MODES, SCORE_POSITIONS, WHITENING_SCOPES)
 from ppo.settings.choices import CHAT_TEMPLATE_MODES, TASK_NAMES  # noqa: F401
 from ppo.settings.suggest import did_you_mean
 
@@ -200,6 +200,7 @@ class PPOConfig:
     whiten_advantages: bool = _f(True, "Whiten advantages (masked, mean shifted to 0) once per rollout batch (AlpacaFarm, TRL: on; GRPO family: off).")
     whiten_advantages_over_padding: bool = _f(False, "Advantage whitening takes its statistics over the whole padded [B, T] tensor, padding included, instead of the real tokens; padding stays out of the loss (AlpacaFarm ppo_trainer.py _estimate_advantage).")
     whiten_advantages_per_minibatch: bool = _f(False, "Whiten the advantages per minibatch instead of once over the rollout batch (OpenAI baselines, cleanrl).")
+    whitening_scope: str = _f("global", "Whose rows reward and advantage whitening take their statistics over in data parallel: 'global' (every process's, all-reduced) or 'process' (each process its own share: AlpacaFarm's torch_ops.whiten has no all-reduce, tatsu-lab/alpaca_farm@30717dd src/alpaca_farm/torch_ops.py L61-67).")
     grpo_scale: str = _f("group", "Group-advantage scale: 'group' (divide by the group std; DeepSeekMath), 'batch' (the batch's population std) or 'none' (Dr. GRPO).")
     grpo_std_correction: int = _f(0, "Bessel correction of the group std: 0 = population std, 1 = sample std, which makes every advantage smaller (nano-aha-moment: 0; TRL GRPOTrainer, verl: 1).")
     grpo_eps: float = _f(1e-4, "Epsilon added to the std in group-advantage scaling; a group of equal scores gets advantage 0 (nano-aha-moment 1e-4).")
@@ -254,6 +255,7 @@ class PPOConfig:
     eval_thinking_budget: int | None = _f(None, "Held-out evaluations cap the thinking (the response before the task's answer marker, '#' on the testbed) at this many tokens, then force the marker and score the answer that follows; None = no cap (Qwen3 thinking budget, arXiv 2505.09388 sec. 4.3). python -m ppo.run.thinking_budget draws the curve.")
     eval_batch_size: int = _f(128, "Held-out responses generated per batch during evaluation (memory and speed). Each batch is seeded on its own, so a different size changes which draws are made, not their distribution.")
     log_samples: int = _f(4, "Decoded rollouts written to samples.jsonl per step.")
+    metric_denominator: str = _f("tokens", "What the logged clip fractions and approx_kl average over: 'tokens' (the loss's real tokens) or 'all_positions' (every position of the padded [B, T] tensor, as AlpacaFarm's compute_loss .mean()s them, tatsu-lab/alpaca_farm@30717dd src/alpaca_farm/rl/ppo_trainer.py L253, L258); logging only, the update is the same.")
     save_every: int = _f(50, "Checkpoint every N steps, and at the end; 0 = only at the end.")
     keep_checkpoints: int = _f(2, "Most recent checkpoints kept on disk; 0 keeps every one.")
     progress: bool = _f(True, "Show a progress bar.")

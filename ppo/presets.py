@@ -29,6 +29,9 @@ PRESETS: dict[str, dict[str, Any]] = {
         reward_whitening_mode="alpacafarm",  # whitens the padded [B, T] tensor, GAE over every column
         pad_to_response_length=True,  # rl_models.py right-pads every batch to response_len
         whiten_advantages_over_padding=True,  # torch_ops.whiten over the whole padded tensor
+        # AlpacaFarm whitens each of its 8 processes' rollouts alone; the preset keeps the
+        # statistics global so its numbers do not depend on the process count (docs/presets.md).
+        whitening_scope="global",
         value_loss_over_padding=True,  # the critic predicts on padding; vf_loss .mean() over [B, response_len]
         loss_agg="seq_mean_token_sum_norm",  # .mean() over [B, response_len]: a constant divisor
         response_length=300,  # response_len

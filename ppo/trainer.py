@@ -293,8 +293,9 @@ class RLTrainer:
         # TRL's score position adds the column after the last token to what sees the score.
         reward_mask = score_positions(response_mask, cfg.score_position)  # [B, T]
         whitening = cfg.reward_whitening_mode if cfg.whiten_rewards else "masked"
-        if cfg.whiten_rewards:
-            token_rewards = whiten_rewards(token_rewards, reward_mask, whitening, reduce_sum=distributed.global_sum)
+        if cfg.whiten_rewards:  # over the global batch, or each process's share (whitening_scope: AlpacaFarm's)
+            token_rewards = whiten_rewards(token_rewards, reward_mask, whitening,
+                                           reduce_sum=distributed.whitening_sum(cfg.whitening_scope))
         # AlpacaFarm's exact form runs GAE over every column, padding included; so does a
         # critic with values on padding (value_loss_over_padding), whose loss fits those returns.
         gae_mask = whitening_gae_mask(reward_mask, whitening)  # [B, T]
@@ -306,7 +307,8 @@ class RLTrainer:
     def _advantages(self, token_rewards, gae_mask, values, response_mask, reward_baselines=None, lengths=None,
                     batch: ScoredBatch | None = None, valid=None):
         """Phase 6: advantages and returns ``[B, T]`` by the configured estimator, batch
-        statistics over all ranks; whitened over the whole batch unless per minibatch. Also
+        statistics over all ranks; whitened over the whole batch unless per minibatch (over each
+        rank's share under ``whitening_scope="process"``). Also
         the critic's diagnostics, taken before whitening (`ppo.run.metrics.critic_diagnostics`).
         `valid` ``[B]``: the samples whose score counts in the group statistics (dropped
         non-finite scores do not); `batch` carries the reward components GDPO normalises."""
@@ -325,7 +327,7 @@ class RLTrainer:
                                                                    response_mask, cfg.gamma)
         if cfg.whiten_advantages and not cfg.whiten_advantages_per_minibatch:
             over = None if cfg.whiten_advantages_over_padding else response_mask  # AlpacaFarm: unmasked
-            advantages = whiten(advantages, over, reduce_sum=distributed.global_sum)
+            advantages = whiten(advantages, over, reduce_sum=distributed.whitening_sum(cfg.whitening_scope))
         return advantages, returns, critic_stats
 
     @phase("update")
@@ -333,7 +335,7 @@ class RLTrainer:
         """Phase 7: PPO epochs over the buffer, one optimizer step per minibatch (its
         micro-batches' gradients accumulated); returns averaged loss and clipping metrics."""
         cfg = self.config
-        tally = UpdateTally()
+        tally = UpdateTally(cfg.metric_denominator)  # "all_positions": AlpacaFarm's clipfrac over [B, T]
         stop_early = False
         train_policy = self.step >= cfg.critic_warmup_steps  # critic warm-up: the policy waits (verl, OpenRLHF)
         self.models.set_training(True)
@@ -400,7 +402,7 @@ class RLTrainer:
                 self.accelerator.backward(loss * distributed.world_size())
                 minibatch_loss += float(loss.detach())
                 minibatch_approx_kl += weight * float(metrics.get("approx_kl", 0.0))
-                tally.add(metrics, weight, value_metrics, value_weight)
+                tally.add(metrics, weight, value_metrics, value_weight, loss_mask=mask)
             tally.add_optimizer_step({**self._optimizer_step(minibatch_loss, train_policy), "entropy_coef": entropy_coef})
             self.entropy_control.update(distributed.global_sum)
             if cfg.target_kl is not None:  # cleanrl-style early stop; token_sum's weights add up to more than 1
@@ -439,11 +441,12 @@ class RLTrainer:
         return ScoredBatch(problems, rollout, texts, task_scores, raw_scores, correct, well_formed)
 
     def _whiten_minibatch_advantages(self, micro_batches: list[dict]) -> list[dict]:
-        """Advantages whitened over one minibatch (all its micro-batches, all ranks)."""
+        """Advantages whitened over one minibatch (all its micro-batches; all ranks, unless
+        ``whitening_scope="process"``)."""
         advantages = torch.cat([m["advantages"] for m in micro_batches])
         mask = torch.cat([m["response_mask"] for m in micro_batches])
         over = None if self.config.whiten_advantages_over_padding else mask
-        whitened = whiten(advantages, over, reduce_sum=distributed.global_sum)
+        whitened = whiten(advantages, over, reduce_sum=distributed.whitening_sum(self.config.whitening_scope))
         sizes = [m["advantages"].shape[0] for m in micro_batches]
         return [{**m, "advantages": w} for m, w in zip(micro_batches, whitened.split(sizes))]
 

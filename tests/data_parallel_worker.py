@@ -3,7 +3,8 @@
 Not a test module itself: each process runs the scenarios named on the command line and
 the main process writes what the test compares into ``OUT``.
 
-    python -m torch.distributed.run --nproc_per_node 2 tests/data_parallel_worker.py MODEL OUT update train stale
+    python -m torch.distributed.run --nproc_per_node 2 tests/data_parallel_worker.py MODEL OUT update train stale \
+        whitening_scope
 """
 
 from __future__ import annotations
@@ -132,9 +133,61 @@ def scenario_stale(model: str, out: Path) -> None:
         (out / "stale.json").write_text(json.dumps(gathered))
 
 
+WHITENING_ROWS, WHITENING_WIDTH = 16, 6  # the global batch of the whitening_scope scenario
+
+
+def whitening_inputs() -> dict[str, torch.Tensor]:
+    """The whitening_scope scenario's global batch, the same on every rank (float64): scores
+    ``[16]``, per-token KL, values and the response mask ``[16, 6]``. The second half's scores
+    are 3x larger and shifted, so each half's statistics differ from the whole batch's."""
+    generator = torch.Generator().manual_seed(11)
+    rows, width = WHITENING_ROWS, WHITENING_WIDTH
+    lengths = torch.randint(1, width + 1, (rows,), generator=generator)  # [16]
+    lengths[0] = width  # one response fills the width
+    mask = (torch.arange(width)[None, :] < lengths[:, None]).double()  # [16, 6]
+    scores = torch.randn(rows, generator=generator, dtype=torch.float64)  # [16]
+    scores[rows // 2:] = 3.0 * scores[rows // 2:] + 1.0
+    kl = torch.rand(rows, width, generator=generator, dtype=torch.float64) * 0.5 * mask  # [16, 6], >= 0
+    values = torch.randn(rows, width, generator=generator, dtype=torch.float64) * 0.5  # [16, 6], padding too
+    return {"scores": scores, "kl": kl, "values": values, "mask": mask}
+
+
+def scenario_whitening_scope(model: str, out: Path) -> None:
+    """Phases 5-6 (per-token rewards, advantages) of the alpacafarm preset on a fixed global
+    batch of 16 rows, each rank holding its 8, once per `whitening_scope`; rank 0 writes
+    every rank's rewards, advantages and returns for the test to recompute independently."""
+    from ppo.algorithm.dynamic_sampling import ScoredBatch
+
+    inputs = whitening_inputs()
+    results = {}
+    for scope in ("global", "process"):
+        config = preset("alpacafarm", testbed=True, model_path=model, output_dir=str(out / f"whiten_{scope}"),
+                        task="custom", whitening_scope=scope, **{**TINY, "rollout_batch_size": WHITENING_ROWS,
+                                                                 "response_length": WHITENING_WIDTH})
+        trainer = RLTrainer(config, prompts=PROMPTS, reward_fn=reward_fn)  # joins the process group
+        rank, world = distributed.rank(), distributed.world_size()
+        local = slice(rank * WHITENING_ROWS // world, (rank + 1) * WHITENING_ROWS // world)
+        scores, kl, values, mask = (inputs[k][local] for k in ("scores", "kl", "values", "mask"))
+        rows = mask.shape[0]
+        rollout = Rollout(torch.ones(rows, 1, dtype=torch.long), torch.ones(rows, 1, dtype=torch.long),
+                          torch.ones(rows, WHITENING_WIDTH, dtype=torch.long), mask.long(),
+                          torch.ones(rows, dtype=torch.bool))
+        batch = ScoredBatch(problems=[None] * rows, rollout=rollout, texts=[""] * rows, task_scores=scores,
+                            raw_scores=scores, correct=torch.zeros(rows, dtype=torch.bool),
+                            well_formed=torch.zeros(rows, dtype=torch.bool))
+        token_rewards, gae_mask, _ = trainer._token_rewards(batch, kl, mask, config.kl_coef, kl_in_reward=True)
+        advantages, returns, _ = trainer._advantages(token_rewards, gae_mask, values, mask)
+        results[scope] = {"rewards": token_rewards.tolist(), "advantages": advantages.tolist(),
+                          "returns": returns.tolist()}
+    gathered = distributed.gather_objects([results])
+    if distributed.is_main_process():
+        (out / "whitening_scope.json").write_text(json.dumps(gathered))
+
+
 if __name__ == "__main__":
     model_dir, out_dir, *scenarios = sys.argv[1:]
     out_path = Path(out_dir)
     for scenario in scenarios:
-        {"update": scenario_update, "train": scenario_train, "stale": scenario_stale}[scenario](model_dir, out_path)
+        {"update": scenario_update, "train": scenario_train, "stale": scenario_stale,
+         "whitening_scope": scenario_whitening_scope}[scenario](model_dir, out_path)
     distributed.shutdown()

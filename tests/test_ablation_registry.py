@@ -59,3 +59,27 @@ def test_names_are_not_paths(name, tmp_path):
     Ablation("fine-name_1", "q?", (Variant("a", "grpo"), Variant("b-2", "grpo")), "accuracy")
     with pytest.raises(ValueError, match="report's plots/ folder"):
         Ablation("plots", "q?", (Variant("a", "grpo"),), "accuracy")
+
+
+def test_data_parallel_only_toggles_name_a_field_and_an_existing_test():
+    """Fields that act only across processes have no sweep (each run is one process, where
+    their arms would be identical); each names the multi-process test that shows its effect."""
+    import re
+    from dataclasses import fields
+    from pathlib import Path
+
+    from ablations.registry import DATA_PARALLEL_ONLY
+    from ppo.settings.config_checks import run_warnings
+
+    root = Path(__file__).resolve().parent.parent
+    names = {f.name for f in fields(PPOConfig)}
+    for field, where in DATA_PARALLEL_ONLY.items():
+        assert field in names, field
+        path, _, test = where.split(" ", 1)[0].partition("::")
+        assert (root / path).is_file(), where
+        if test:
+            assert re.search(rf"^def {test}\(", (root / path).read_text(), re.M), where
+        assert not any(field in v.overrides for a in ABLATIONS.values() for v in a.variants), field
+    # In one process each warns that it cannot act (whitening is on in the default config).
+    for field, value in (("whitening_scope", "process"), ("sharding", "fsdp")):
+        assert any(m.startswith(f"PPOConfig.{field}:") for m in run_warnings(PPOConfig(**{field: value}), 1))

@@ -6,7 +6,9 @@
 - a 2-process run divides the work (different prompts per rank) and writes one result;
 - 2-process resume equals a straight 2-process run; a target_kl early stop never deadlocks;
 - with rollout_staleness = 2 every rank samples with the weights of 2 steps before, the same on
-  every rank.
+  every rank;
+- whitening_scope="process" whitens each rank's rows alone (AlpacaFarm's per-process whitening,
+  recomputed here from its formula), "global" the whole batch.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ def runs(tmp_path_factory, tiny_model_dir):
     same time: each process has one thread, and nothing they compare depends on timing."""
     root = tmp_path_factory.mktemp("dp")
     launches = [start(1, tiny_model_dir, root / "one", "update"),
-                start(2, tiny_model_dir, root / "two", "update", "train", "stale")]
+                start(2, tiny_model_dir, root / "two", "update", "train", "stale", "whitening_scope")]
     try:
         for process, log in launches:
             assert process.wait(timeout=600) == 0, log.read_text()[-6000:]
@@ -223,3 +225,78 @@ def test_stale_rollouts_in_two_processes_lag_by_k_on_every_rank(runs):
         assert sampled == [starts[max(0, t - 2)] for t in range(5)]
         assert len(set(starts)) == 5  # the policy moved every step, so the lag is visible
     assert ranks[0] == ranks[1]
+
+
+# ---- whitening_scope: AlpacaFarm's per-process whitening, written out independently -----------
+
+def alpacafarm_rewards_and_advantages(scores, kl, values, mask, beta):
+    """AlpacaFarm's `_shape_reward` and `_estimate_advantage` on the rows one process holds
+    (tatsu-lab/alpaca_farm@30717dd src/alpaca_farm/rl/ppo_trainer.py L67-99, its
+    `torch_ops.whiten` L61-67), in plain loops: the KL clamped at 0 times -beta at every
+    column, the score added at the last token; the whole padded tensor whitened with
+    ``(x - mean) / (std + 1e-8)`` (population std) and the mean added back; GAE with
+    gamma = lambda = 1 over every column; returns = advantages + values; the advantages
+    whitened the same way, mean shifted. No all-reduce: the statistics are these rows' alone.
+    Returns ``(rewards, advantages, returns)``, each ``[rows, T]``."""
+    def whiten_alpacafarm(x, shift_mean):
+        mean, std = x.mean(), x.std(unbiased=False)
+        whitened = (x - mean) / (std + 1e-8)
+        return whitened if shift_mean else whitened + mean
+
+    rows, width = mask.shape
+    shaped = -beta * kl.clamp(min=0.0)
+    for row in range(rows):
+        shaped[row, int(mask[row].sum()) - 1] += scores[row]
+    rewards = whiten_alpacafarm(shaped, shift_mean=False)
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros(rows, dtype=rewards.dtype)
+    for t in reversed(range(width)):
+        next_values = values[:, t + 1] if t < width - 1 else 0.0
+        running = rewards[:, t] + next_values - values[:, t] + running
+        advantages[:, t] = running
+    returns = advantages + values
+    return rewards, whiten_alpacafarm(advantages, shift_mean=True), returns
+
+
+def _whitening_runs(runs):
+    from data_parallel_worker import WHITENING_ROWS, whitening_inputs
+
+    ranks = json.loads((runs / "two" / "whitening_scope.json").read_text())
+    assert len(ranks) == 2
+    return ranks, whitening_inputs(), WHITENING_ROWS // 2
+
+
+def _assert_equal_to_alpacafarm(got: dict, expected: tuple, label: str) -> None:
+    for name, want in zip(("rewards", "advantages", "returns"), expected):
+        have = torch.tensor(got[name], dtype=torch.float64)
+        assert have.shape == want.shape, (label, name)
+        assert torch.allclose(have, want, rtol=1e-6, atol=1e-6), (label, name, (have - want).abs().max())
+
+
+def test_whitening_scope_process_whitens_each_ranks_rows_alone(runs):
+    """Under whitening_scope="process" each rank's rewards, advantages and returns are those
+    of AlpacaFarm's formula applied to its own 8 rows, to 1e-6; and they differ from the
+    global whitening (the halves' statistics differ), so the toggle acts."""
+    from ppo.config import preset
+
+    ranks, inputs, share = _whitening_runs(runs)
+    beta = preset("alpacafarm").kl_coef
+    for rank, record in enumerate(ranks):
+        rows = slice(rank * share, (rank + 1) * share)
+        own = alpacafarm_rewards_and_advantages(*(inputs[k][rows] for k in ("scores", "kl", "values", "mask")), beta)
+        _assert_equal_to_alpacafarm(record["process"], own, f"rank {rank}, process")
+        gap = (torch.tensor(record["process"]["advantages"]) - torch.tensor(record["global"]["advantages"])).abs()
+        assert gap.max() > 0.05, f"rank {rank}: per-process and global whitening agree, the test cannot tell them apart"
+
+
+def test_whitening_scope_global_whitens_all_16_rows_together(runs):
+    """Under whitening_scope="global" (the default) each rank's rows are those of AlpacaFarm's
+    formula applied to all 16 rows at once: the statistics do not depend on the split."""
+    from ppo.config import preset
+
+    ranks, inputs, share = _whitening_runs(runs)
+    whole = alpacafarm_rewards_and_advantages(*(inputs[k] for k in ("scores", "kl", "values", "mask")),
+                                              preset("alpacafarm").kl_coef)
+    for rank, record in enumerate(ranks):
+        rows = slice(rank * share, (rank + 1) * share)
+        _assert_equal_to_alpacafarm(record["global"], tuple(t[rows] for t in whole), f"rank {rank}, global")

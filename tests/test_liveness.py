@@ -138,6 +138,20 @@ def test_fsdp_in_one_process_is_warned():
     assert run_warnings(config, 2) == []
 
 
+def test_whitening_scope_process_in_one_process_is_warned_and_without_whitening_inert():
+    """whitening_scope='process' changes nothing in one process (its share is the whole batch):
+    the run warns; in two it acts (tests/test_data_parallel.py). With nothing whitened it is
+    inert in any number of processes."""
+    config = preset("alpacafarm").replace(whitening_scope="process")
+    assert any(m.startswith("PPOConfig.whitening_scope: 'process' has no effect in one process")
+               for m in run_warnings(config, 1))
+    assert run_warnings(config, 2) == []
+    assert run_warnings(preset("alpacafarm"), 1) == []  # "global", the default, never warns
+    plain = dict(inert_settings(preset("grpo").replace(whitening_scope="process")))
+    assert "whiten_rewards=False and whiten_advantages=False" in plain["whitening_scope"]
+    assert "whitening_scope" not in dict(inert_settings(config))
+
+
 def test_keep_checkpoints_help_says_zero_keeps_all():
     assert "0 keeps every one" in field_help()["keep_checkpoints"]
 

@@ -220,6 +220,68 @@ def test_padding_width_changes_alpacafarm_whitening():
     torch.testing.assert_close(masked_own, masked_fixed[:, :9])  # masked statistics ignore the width
 
 
+def epsilon_placement_at_the_preset_width() -> dict[str, float]:
+    """Where the epsilon sits in whitening, at the alpacafarm preset's real scale: the pinned
+    reward model's scores of 512 SFT responses (the ``response_a`` of its first 512 preference
+    pairs: `rollout_batch_size` SFT samples) placed on their last token of a ``[512, 300]``
+    batch (`response_length` 300, the width AlpacaFarm pads to), the KL 0 as at the first step.
+    Compares this project's reward whitening (``rsqrt(var + 1e-8)``) with AlpacaFarm's
+    ``torch_ops.whiten`` (``/ (std + 1e-8)``), then GAE (gamma = lambda = 1, values 0, every
+    column) and advantage whitening in each form. Returns the shaped-reward std, the relative
+    gap of the two scale factors, the largest relative difference of the whitened rewards and
+    the largest absolute difference of the whitened advantages (and the largest advantage)."""
+    from ppo.models.policy import load_tokenizer
+    from ppo.tasks.preferences import load_preferences
+    from ppo.tasks.rlhf import pinned_path
+    from value_model import ScalarHeadModel
+    from value_model.reward_model import encode_responses, score_texts
+
+    config = preset("alpacafarm")
+    rows, width = config.rollout_batch_size, config.response_length
+    path = pinned_path()
+    pairs = load_preferences(path / "preferences.jsonl")[:rows]
+    model, tokenizer = ScalarHeadModel.from_pretrained(path).eval(), load_tokenizer(path)
+    prompts, texts, eos = [p["prompt"] for p in pairs], [p["response_a"] for p in pairs], [p["eos_a"] for p in pairs]
+    scores = score_texts(model, tokenizer, prompts, texts, eos).double()  # [512]
+    lengths = encode_responses(tokenizer, texts, eos)[1].sum(-1)  # [512]
+    shaped = torch.zeros(rows, width, dtype=torch.float64)  # [512, 300]
+    shaped[torch.arange(rows), lengths - 1] = scores
+    mask = torch.ones_like(shaped)
+    ours = whiten_rewards(shaped, mask, "alpacafarm")  # [512, 300]
+    mean, std = shaped.mean(), shaped.std(unbiased=False)
+    theirs = (shaped - mean) / (std + 1e-8) + mean  # AlpacaFarm torch_ops.whiten(shift_mean=False)
+    advantages = {}
+    for name, rewards in (("ours", ours), ("theirs", theirs)):
+        running, columns = torch.zeros(rows, dtype=torch.float64), []
+        for t in reversed(range(width)):  # gamma = lambda = 1, values 0
+            running = rewards[:, t] + running
+            columns.append(running)
+        raw = torch.stack(columns[::-1], dim=1)
+        advantages[name] = (whiten(raw) if name == "ours"
+                            else (raw - raw.mean()) / (raw.std(unbiased=False) + 1e-8))
+    return {"std": float(std), "scale_gap": float((std + 1e-8) * torch.rsqrt(std ** 2 + 1e-8) - 1),
+            "reward_gap": float(((ours - theirs).abs() / theirs.abs()).max()),
+            "advantage_gap": float((advantages["ours"] - advantages["theirs"]).abs().max()),
+            "advantage_max": float(advantages["theirs"].abs().max())}
+
+
+def test_epsilon_placement_at_the_alpacafarm_width_is_what_presets_md_says():
+    """docs/presets.md states the gap between the two epsilon placements at the preset's real
+    width; every figure of that sentence is this measurement on the committed reward model and
+    preference data, rounded as written."""
+    gap = epsilon_placement_at_the_preset_width()
+    assert 0.01 < gap["std"] < 0.2 and gap["scale_gap"] < 0  # a small std: the epsilon matters more
+    def sci(value: float, digits: int) -> str:  # 2.6e-6, as the page writes it
+        return f"{value:.{digits}e}".replace("e-0", "e-")
+
+    text = " ".join(PRESETS_DOC.read_text().split())
+    stated = (f"shaped-reward std of {gap['std']:.3f}", f"differ by {sci(abs(gap['scale_gap']), 1)}",
+              f"at most {sci(gap['reward_gap'], 1)} relative", f"at most {sci(gap['advantage_gap'], 0)}",
+              f"as large as {gap['advantage_max']:.1f}")
+    missing = [phrase for phrase in stated if phrase not in text]
+    assert not missing, f"docs/presets.md does not state the measured {missing}"
+
+
 def test_pad_to_width_adds_padding_columns_only():
     rollout = Rollout(torch.ones(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long),
                       torch.tensor([[5, 2], [6, 7]]), torch.tensor([[1, 1], [1, 0]]), torch.tensor([True, False]),

@@ -1,6 +1,7 @@
 """The simulated-preference RLHF pieces: gold reward, annotators, preference files, the
 Bradley-Terry reward model, its normalisation, the preference task's evaluation, the
-AlpacaFarm preset and the cached reward-model path."""
+AlpacaFarm preset, the cached reward-model path, and the pinned preference data and reward model
+(its digests, its documented numbers, a rebuild's comparison with it)."""
 
 from __future__ import annotations
 
@@ -310,15 +311,15 @@ def test_reward_model_cache_path_is_deterministic_and_builds_nothing(tmp_path):
         RLHFConfig(noise=1.5)
 
 
-def test_overoptimization_ablation_points_at_the_cached_reward_model():
+def test_overoptimization_ablation_points_at_the_pinned_reward_model():
     from ablations.registry import get_ablation
-    from ppo.tasks.rlhf import reward_model_cache_path
+    from ppo.tasks.rlhf import PINNED_DIR, RLHFConfig, reward_model_path
 
     ablation = get_ablation("alpacafarm_overoptimization")
     assert [v.overrides["kl_coef"] for v in ablation.variants] == [0.0, 0.0067, 0.05, 0.2]
     config = ablation.config(ablation.variants[1], seed=1, output_dir="unused")
     assert config.task == "preference" and config.value_init == "reward_model" and config.kl_coef == 0.0067
-    assert config.reward_model_path == str(reward_model_cache_path())
+    assert config.reward_model_path == str(reward_model_path()) == str(PINNED_DIR / RLHFConfig().cache_key())
     assert ablation.metric == "eval_gold_reward"
 
 
@@ -360,3 +361,141 @@ def test_build_out_refuses_a_directory_that_holds_no_reward_model(tmp_path):
         main(["build", "--out", str(out), "--cache-dir", str(tmp_path / "cache")])
     assert stop.value.code == 2
     assert (out / "notes.txt").read_text() == "keep me" and not (tmp_path / "cache").exists()
+
+
+# ---------------------------------------------------------------------------------- the pinned reward model
+# The digest of the shipped reward model's weights (backbone and head): a fresh clone must
+# get exactly these bits (ppo/tasks/reward_model/README.md).
+PINNED_WEIGHTS = "ecdcff8402c3616baa3ac1b979339b18baf968f339f6c28da978856795ba428f"
+PINNED_PREFERENCES = "d53cffe8e09d7b2088bcf9278a8c6d718978492306ab23e93bf05a10832105ed"
+
+
+def _pinned():
+    from ppo.tasks.rlhf import pinned_path
+
+    path = pinned_path()
+    assert path is not None, "the default reward model is not shipped under ppo/tasks/reward_model/"
+    return path
+
+
+def test_the_pinned_reward_model_is_shipped_with_its_recorded_digests(tmp_path):
+    """The default settings get the shipped directory, never a build (the cache stays empty),
+    and its files are the bits their info records and this test names."""
+    from value_model.reward_model import check_reward_model_digests, reward_model_digests
+
+    from ppo.tasks.rlhf import PINNED_DIR, reward_model_dir, reward_model_path
+
+    path = _pinned()
+    assert reward_model_dir(cache_dir=tmp_path / "cache", progress=False) == path == reward_model_path()
+    assert path.parent == PINNED_DIR and not (tmp_path / "cache").exists()
+    info = load_reward_model_info(path)
+    digests = reward_model_digests(path)
+    assert digests["weights_sha256"] == info["weights_sha256"] == PINNED_WEIGHTS
+    assert digests["files_sha256"] == info["files_sha256"]
+    assert info["files_sha256"]["preferences.jsonl"] == PINNED_PREFERENCES
+    check_reward_model_digests(path)
+    assert info["sft_dir"] == "ppo/models/warm_start/b18a99ea2052960b"  # the pinned warm start, no machine path
+    assert info["built_with"]["dirty"] is False
+
+
+def test_the_pinned_files_give_the_documented_numbers():
+    """Held-out accuracies recomputed from the shipped model and preference data equal those its
+    info records, and docs/alpacafarm.md's generated block is exactly `reward_model_markdown`
+    of the shipped files: no number about the reward model on that page comes from elsewhere."""
+    from pathlib import Path
+
+    from value_model.reward_model import pairwise_metrics, split_pairs
+
+    from ppo.models.policy import load_tokenizer
+    from ppo.tasks.preferences import pair_difference
+    from ppo.tasks.rlhf import DOC_BLOCK, reward_model_markdown
+
+    path = _pinned()
+    info = load_reward_model_info(path)
+    metrics, config = info["metrics"], info["config"]
+    rows = load_preferences(path / "preferences.jsonl")
+    assert len(rows) == config["n_pairs"] == metrics["train_pairs"] + metrics["heldout_pairs"]
+    assert info["label_counts"] == {"a": sum(r["preferred"] == "a" for r in rows),
+                                    "b": sum(r["preferred"] == "b" for r in rows)}
+    _, heldout = split_pairs(rows, config["heldout_fraction"], config["seed"])
+    model, tokenizer = ScalarHeadModel.from_pretrained(path).eval(), load_tokenizer(path)
+    recomputed = pairwise_metrics(model, tokenizer, heldout)
+    for name in ("accuracy_noisy", "accuracy_gold", "label_gold_agreement", "gold_pairs"):
+        assert recomputed[name] == pytest.approx(metrics[f"heldout_{name}"], abs=1e-6), name
+    for kind in ("correctness", "format", "brevity"):
+        subset = [row for row in heldout if pair_difference(row) == kind]
+        assert len(subset) == metrics[f"heldout_{kind}_pairs"]
+        assert pairwise_metrics(model, tokenizer, subset)["accuracy_gold"] == pytest.approx(
+            metrics[f"heldout_{kind}_accuracy_gold"], abs=1e-6), kind
+    page = (Path(__file__).resolve().parents[1] / "docs" / "alpacafarm.md").read_text()
+    block = page.split(f"<!-- generated:{DOC_BLOCK} -->\n", 1)[1].split(f"<!-- /generated:{DOC_BLOCK} -->", 1)[0]
+    assert block == reward_model_markdown(path), "docs/alpacafarm.md is stale: python -m ppo.tasks.rlhf describe " \
+                                                 "--update docs/alpacafarm.md"
+    assert f"| held-out accuracy against gold ({metrics['heldout_gold_pairs']} pairs with a gold winner) | " \
+           f"{metrics['heldout_accuracy_gold']:.3f} |" in block
+
+
+def _corrupt_copy(tmp_path, name: str):
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(_pinned(), copy)
+    data = bytearray((copy / name).read_bytes())
+    data[-3] ^= 0x01  # one bit of the last tensor's bytes, or of the last row's text
+    (copy / name).write_bytes(bytes(data))
+    return copy
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "scalar_head.safetensors", "preferences.jsonl"])
+def test_a_corrupted_pinned_file_is_refused_naming_it(tmp_path, name):
+    """One flipped bit in any recorded file: the digest check, the trainer's loader and the
+    preference task all refuse the directory, naming the file and what to do."""
+    from value_model.reward_model import RewardModelDigestError, check_reward_model_digests
+
+    from ppo.models.setup import load_reward_model
+
+    copy = _corrupt_copy(tmp_path, name)
+    message = rf"{name}: sha256 [0-9a-f]{{16}}\.\.\. is not the [0-9a-f]{{16}}\.\.\. that reward_model_info.json " \
+              r"records: the file is corrupted or was changed.*build --rebuild"
+    with pytest.raises(RewardModelDigestError, match=message):
+        check_reward_model_digests(copy)
+    with pytest.raises(RewardModelDigestError, match=name):
+        load_reward_model(preset("alpacafarm", testbed=True, task="preference", reward_model_path=str(copy)))
+    with pytest.raises(RewardModelDigestError, match=name):
+        PreferenceTask(reward_model_path=copy)
+    (copy / name).unlink()
+    with pytest.raises(RewardModelDigestError, match=f"{name}: missing"):
+        check_reward_model_digests(copy)
+
+
+def test_a_rebuild_is_compared_with_the_pin(tmp_path):
+    """`compare_to_pinned` on the pin itself says the bits are identical; on a copy with one
+    weight moved by 0.25 and one label flipped it reports that weight difference, the
+    preference rows it shares (all) and their label agreement (all but one), and the held-out
+    accuracies both ways (the pinned model on the pinned pairs: the recorded ones)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from ppo.tasks.rlhf import closeness, compare_to_pinned
+
+    pinned = _pinned()
+    assert compare_to_pinned(pinned, pinned).startswith("bits: identical to the pinned reward model")
+    copy = tmp_path / "rebuilt"
+    shutil.copytree(pinned, copy)
+    head = load_file(str(copy / "scalar_head.safetensors"))
+    head["bias"] = head["bias"] + 0.25  # every score moves together: rankings and accuracies stay
+    save_file(head, str(copy / "scalar_head.safetensors"))
+    rows = load_preferences(copy / "preferences.jsonl")
+    rows[0]["preferred"] = "b" if rows[0]["preferred"] == "a" else "a"
+    save_preferences(rows, copy / "preferences.jsonl")
+    near = closeness(copy, pinned)
+    assert not near["identical"] and not near["same_preferences"]
+    assert near["max_weight_diff"] == pytest.approx(0.25, abs=1e-6)
+    assert near["same_pairs"] == 1.0 and near["label_agreement"] == pytest.approx(1 - 1 / len(rows))
+    assert near["ranking_agreement"] == 1.0
+    recorded = load_reward_model_info(pinned)["metrics"]
+    assert near["heldout"]["pinned_model/pinned_data"]["gold"] == pytest.approx(recorded["heldout_accuracy_gold"])
+    assert near["heldout"]["rebuilt_model/pinned_data"] == near["heldout"]["pinned_model/pinned_data"]
+    text = compare_to_pinned(copy, pinned)
+    assert "DIFFERENT" in text and "largest weight difference 0.25" in text and "pinned model" in text

@@ -257,3 +257,74 @@ def test_rft_trains_only_on_kept_samples(tmp_path, tiny_model_dir):
     metrics = run.train_step()
     assert run.value_model is None
     assert 0.0 <= metrics["advantage_mean"] <= 1.0 and metrics["advantage_abs_mean"] == metrics["advantage_mean"]
+
+
+def _clip_batch():
+    """A hand batch [2, 4]: mask [[1, 1, 1, 0], [1, 0, 0, 0]] (4 tokens, 8 positions), A = +1,
+    ratios [[1.5, 1.0, 0.5, pad], [1.5, pad, pad, pad]]; padding holds a ratio of 3 that no
+    metric may read. With clip 0.2 the two ratios of 1.5 are clipped."""
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 0.0, 0.0, 0.0]])
+    ratios = torch.tensor([[1.5, 1.0, 0.5, 3.0], [1.5, 3.0, 3.0, 3.0]])
+    return ratios.log(), torch.zeros(2, 4), torch.ones(2, 4), mask
+
+
+def test_metric_denominator_all_positions_divides_by_every_padded_position():
+    """metric_denominator: 'tokens' averages the clip fraction and approx_kl over the 4 real
+    tokens, 'all_positions' over the 8 positions of the padded tensor, AlpacaFarm's
+    ``(pg_losses2 > pg_losses).mean()`` and ``0.5 * ((logprob - old_logprob) ** 2).mean()`` over
+    [B, response_len] (tatsu-lab/alpaca_farm@30717dd ppo_trainer.py L253, L258), whose padding
+    has log-prob 0 under both policies. By hand: 2 clipped tokens, so 2/4 and 2/8; approx_kl
+    sums 0.5 log(1.5)^2 twice and 0.5 log(0.5)^2 once, 0.40465, so /4 and /8."""
+    from ppo.algorithm.policy_losses import policy_loss
+    from ppo.run.metrics import UpdateTally
+
+    logprobs, old_logprobs, advantages, mask = _clip_batch()
+    _, metrics = policy_loss(logprobs, old_logprobs, advantages, mask, clip_low=0.2)
+    kl_sum = 2 * 0.5 * math.log(1.5) ** 2 + 0.5 * math.log(0.5) ** 2
+    assert metrics["clipfrac"] == pytest.approx(0.5) and metrics["approx_kl"] == pytest.approx(kl_sum / 4)
+    # AlpacaFarm's formulas, written out over the padded tensor (padding: log-probs 0, ratio 1).
+    af_logprobs = torch.where(mask.bool(), logprobs, torch.zeros_like(logprobs))
+    ratio = torch.exp(af_logprobs - old_logprobs)
+    pg_losses, pg_losses2 = -advantages * ratio, -advantages * ratio.clamp(0.8, 1.2)
+    af_clipfrac = (pg_losses2 > pg_losses).float().mean().item()
+    af_approxkl = (0.5 * (af_logprobs - old_logprobs) ** 2).mean().item()
+    assert af_clipfrac == pytest.approx(0.25) and af_approxkl == pytest.approx(kl_sum / 8)
+    for denominator, clipfrac, approx_kl in (("tokens", 0.5, kl_sum / 4), ("all_positions", af_clipfrac, af_approxkl)):
+        # The whole batch as one micro-batch, and as two micro-batches of one row each
+        # (token-share weights 3/4 and 1/4, as token_mean weighs them): the same result.
+        whole = UpdateTally(denominator)
+        whole.add(metrics, 1.0, {}, 0.0, loss_mask=mask)
+        split = UpdateTally(denominator)
+        for row, weight in ((0, 0.75), (1, 0.25)):
+            _, row_metrics = policy_loss(logprobs[row:row + 1], old_logprobs[row:row + 1], advantages[row:row + 1],
+                                         mask[row:row + 1], clip_low=0.2)
+            split.add(row_metrics, weight, {}, 0.0, loss_mask=mask[row:row + 1])
+        for tally in (whole, split):
+            result = tally.result(stopped_early=False)
+            assert result["clipfrac"] == pytest.approx(clipfrac), denominator
+            assert result["approx_kl"] == pytest.approx(approx_kl), denominator
+            assert result["pg_loss"] == pytest.approx(metrics["pg_loss"] if tally is whole else result["pg_loss"])
+    with pytest.raises(ValueError, match="metric_denominator"):
+        UpdateTally("padding")
+
+
+def test_metric_denominator_changes_the_log_not_the_update(tmp_path, tiny_model_dir):
+    """The same step under both denominators: identical weights (target_kl and the loss read the
+    token means), and the logged clip fraction and approx_kl scaled by tokens / positions."""
+    from ppo.models.policy import load_tokenizer
+
+    # Frequent stop tokens give the random model responses shorter than the width: padding to count.
+    stops = load_tokenizer(tiny_model_dir).convert_tokens_to_ids(["1", "3", "5", "7"])
+    runs = {}
+    for denominator in ("tokens", "all_positions"):
+        torch.manual_seed(0)
+        run = trainer(tmp_path / denominator, tiny_model_dir, metric_denominator=denominator, ppo_epochs=2, lr=3e-2,
+                      total_steps=1, pad_to_response_length=True, stop_token_ids=stops)
+        runs[denominator] = (run.train_step(), params(run.policy))
+    (tokens, tokens_weights), (positions, positions_weights) = runs["tokens"], runs["all_positions"]
+    assert all(torch.equal(a, b) for a, b in zip(tokens_weights, positions_weights))
+    assert tokens["approx_kl"] > 0 and tokens["clipfrac"] > 0
+    assert tokens["response_length"] < TINY["response_length"]  # padding to count
+    share = tokens["response_length"] / TINY["response_length"]  # real tokens / positions
+    assert positions["approx_kl"] == pytest.approx(tokens["approx_kl"] * share, rel=1e-5)
+    assert positions["clipfrac"] == pytest.approx(tokens["clipfrac"] * share, rel=1e-5, abs=1e-9)

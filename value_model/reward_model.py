@@ -22,7 +22,12 @@ Implementation details that live here:
   makes "reward > 0" mean "better than the SFT policy" and keeps rewards of different
   reward models on one scale.
 
-`ppo.tasks.rlhf` chains these into the ``python -m ppo.tasks.rlhf build`` pipeline.
+- **Digests** (`reward_model_digests`, `check_reward_model_digests`): a build records the
+  sha256 of its weights, head and preference data in ``reward_model_info.json``; a run that
+  loads the directory refuses a file that no longer matches, naming it.
+
+`ppo.tasks.rlhf` chains these into the ``python -m ppo.tasks.rlhf build`` pipeline, and ships
+the default build pinned in ``ppo/tasks/reward_model/``.
 """
 
 from __future__ import annotations
@@ -285,3 +290,62 @@ def save_reward_model(model: ScalarHeadModel, tokenizer, output_dir: str | Path,
 
 def load_reward_model_info(path: str | Path) -> dict:
     return json.loads((Path(path) / REWARD_MODEL_INFO).read_text())
+
+
+# ---------------------------------------------------------------------------------- digests
+# The files of a reward-model directory whose bytes `reward_model_info.json` records
+# (``files_sha256``): the weights, the head and the preference data it was trained on.
+DIGESTED_FILES = ("model.safetensors", "scalar_head.safetensors", "preferences.jsonl")
+
+
+class RewardModelDigestError(ValueError):
+    """A file of a reward-model directory is not the one its ``reward_model_info.json`` records."""
+
+
+def file_sha256(path: str | Path) -> str:
+    """The sha256 of a file's bytes, in hex."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def reward_model_digests(path: str | Path) -> dict:
+    """``{"files_sha256": {name: sha256 of its bytes}, "weights_sha256": ...}`` of a saved reward
+    model: the bytes of each of `DIGESTED_FILES` present (what a corrupted file changes), and
+    the digest of the weights themselves, backbone and head (`ppo.models.sft.state_sha256`:
+    names, dtypes, shapes and bytes; equal digests mean bit-identical weights)."""
+    from safetensors.torch import load_file
+
+    from ppo.models.sft import state_sha256
+
+    path = Path(path)
+    files = {name: file_sha256(path / name) for name in DIGESTED_FILES if (path / name).is_file()}
+    state = {f"{name}/{key}": tensor for name in ("model.safetensors", "scalar_head.safetensors")
+             for key, tensor in load_file(str(path / name)).items()}
+    return {"files_sha256": files, "weights_sha256": state_sha256(state)}
+
+
+def check_reward_model_digests(path: str | Path) -> None:
+    """Refuse a reward-model directory whose files are not the ones its info records.
+
+    A directory whose ``reward_model_info.json`` records no ``files_sha256`` (an older build, or
+    a model saved by hand) passes unchecked; one that records them must match byte for byte.
+    Raises `RewardModelDigestError` naming the file, both digests and what to do."""
+    path = Path(path)
+    info_file = path / REWARD_MODEL_INFO
+    recorded = json.loads(info_file.read_text()).get("files_sha256") if info_file.is_file() else None
+    for name, expected in (recorded or {}).items():
+        if not (path / name).is_file():
+            raise RewardModelDigestError(f"{path / name}: missing; {REWARD_MODEL_INFO} records it (sha256 "
+                                         f"{expected[:16]}...). Restore the directory, or rebuild it with "
+                                         "`python -m ppo.tasks.rlhf build --rebuild`")
+        actual = file_sha256(path / name)
+        if actual != expected:
+            raise RewardModelDigestError(
+                f"{path / name}: sha256 {actual[:16]}... is not the {expected[:16]}... that {REWARD_MODEL_INFO} "
+                f"records: the file is corrupted or was changed. Restore it (a shipped file: git checkout -- "
+                f"{path / name}), or rebuild with `python -m ppo.tasks.rlhf build --rebuild`")

@@ -10,7 +10,8 @@ Implementation details that live here:
 - **The critic's initialisation** (`PPOConfig.value_init`): from the reward model with a
   zeroed head (AlpacaFarm), from the policy with a zeroed head, or random (`value_model/`).
 - **The reward model** (`PPOConfig.reward_model_path`, `load_reward_model`): a scalar-head
-  model scores the rollout's token ids; a Hugging Face sequence-classification checkpoint
+  model scores the rollout's token ids (refused when its files are not the ones its build
+  recorded: `value_model.reward_model.check_reward_model_digests`); a Hugging Face sequence-classification checkpoint
   (TRL's RewardTrainer output) scores text through its own tokenizer
   (`Models.reward_model_scores`, value_model/hf_reward.py).
 - **Dropout off** (`disable_dropout`), gradient checkpointing and LoRA (memory toggles).
@@ -43,7 +44,7 @@ import torch
 
 from value_model import ScalarHeadModel
 from value_model.hf_reward import SequenceClassifierReward, is_sequence_classifier
-from value_model.reward_model import last_token_scores
+from value_model.reward_model import check_reward_model_digests, last_token_scores
 
 from ppo.parallel import distributed, sharding
 from ppo.speed import lean_forward
@@ -228,6 +229,7 @@ def load_reward_model(config):
                              "classification reward model runs whole in each process: use sharding='none'")
         return SequenceClassifierReward.from_pretrained(config.reward_model_path, system_prompt=config.system_prompt,
                                                         **kwargs)
+    check_reward_model_digests(config.reward_model_path)  # a built one records its files' digests
     return ScalarHeadModel.from_pretrained(config.reward_model_path, **kwargs).eval().requires_grad_(False)
 
 

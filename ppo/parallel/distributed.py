@@ -8,6 +8,8 @@ on how the batch was split lives here:
 - **Global statistics.** Reward and advantage whitening, the batch-scope group std, the
   token count that weights ``token_mean`` micro-batches, the KL controller's input and the
   ``target_kl`` early-stop decision all use statistics over the *whole* rollout batch.
+  Whitening can instead take each process's share alone (`whitening_sum`,
+  ``PPOConfig.whitening_scope="process"``), as AlpacaFarm's does.
   The math functions in ``gae/`` and ``ppo/algorithm/losses.py`` take an optional ``reduce_sum``
   (`global_sum` below) so they stay pure tensor code and still compute global moments.
 - **Metrics** are means over the global batch, reduced in one all-reduce (`GlobalMeans`).
@@ -104,6 +106,16 @@ def _all_reduce(values: torch.Tensor, op) -> torch.Tensor:
 def global_sum(values: torch.Tensor) -> torch.Tensor:
     """Elementwise sum of `values` over all ranks (a new tensor; the input is untouched)."""
     return _all_reduce(values, dist.ReduceOp.SUM)
+
+
+def whitening_sum(scope: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """The `reduce_sum` reward and advantage whitening take (`PPOConfig.whitening_scope`):
+    `global_sum` for ``"global"`` (the statistics of the whole rollout batch, however many
+    processes hold it), None for ``"process"`` (each process's share alone: AlpacaFarm's
+    ``torch_ops.whiten`` runs on each of its 8 processes' rollouts with no all-reduce)."""
+    if scope not in ("global", "process"):
+        raise ValueError(f"whitening scope must be 'global' or 'process', got {scope!r}")
+    return global_sum if scope == "global" else None
 
 
 def global_max(values: torch.Tensor) -> torch.Tensor:

@@ -86,25 +86,53 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> float:
     return float((x * mask).sum() / mask.sum().clamp(min=1))
 
 
+# The policy's per-token fractions and means that `PPOConfig.metric_denominator` re-divides.
+PER_TOKEN_POLICY_METRICS = ("clipfrac", "clipfrac_low", "clipfrac_high", "dualclip_frac", "approx_kl")
+
+
 class UpdateTally:
     """The update's loss metrics over every micro-batch, optimizer step and rank.
 
     Loss metrics are weighted like their loss (the micro-batch's share of its minibatch;
     the critic's by token share); ``*_max`` metrics are maxima over the whole update;
-    per-optimizer-step values (gradient norms) are averaged over the steps taken."""
+    per-optimizer-step values (gradient norms) are averaged over the steps taken.
 
-    def __init__(self):
+    **Metric denominator** (`PPOConfig.metric_denominator`): with ``"all_positions"`` the
+    clip fractions and ``approx_kl`` (`PER_TOKEN_POLICY_METRICS`) are sums over the loss's
+    tokens divided by every position of the padded ``[B, T]`` tensors, padding included,
+    over all micro-batches and ranks: AlpacaFarm's ``.mean()`` over ``[B, response_len]``
+    (ppo_trainer.py ``compute_loss``), where a padding position has ratio 1 and log-ratio 0.
+
+    Worked example: one micro-batch, mask ``[[1, 1, 1, 0], [1, 0, 0, 0]]`` (4 tokens, 8
+    positions), 2 tokens clipped: ``clipfrac`` is 2/4 = 0.5 with ``"tokens"`` and 2/8 = 0.25
+    with ``"all_positions"``.
+    """
+
+    def __init__(self, metric_denominator: str = "tokens"):
+        if metric_denominator not in ("tokens", "all_positions"):
+            raise ValueError(f"metric_denominator must be 'tokens' or 'all_positions', got {metric_denominator!r}")
+        self.metric_denominator = metric_denominator
         self.means = distributed.GlobalMeans()
         self.maxima: dict[str, float] = {}
         self.step_sums: dict[str, float] = defaultdict(float)
         self.optimizer_steps = 0
 
-    def add(self, metrics: dict, weight: float, value_metrics: dict, value_weight: float) -> None:
+    def add(self, metrics: dict, weight: float, value_metrics: dict, value_weight: float,
+            loss_mask: torch.Tensor | None = None) -> None:
+        """One micro-batch's metrics; `loss_mask` ``[b, T]`` (the tokens its policy metrics
+        average over) is needed with ``metric_denominator="all_positions"``."""
         for key, value in value_metrics.items():  # a token mean: weighted by token share
             self.means.add_weighted(key, value_weight * float(value), value_weight)
+        by_position = self.metric_denominator == "all_positions"
+        if by_position and loss_mask is None:
+            raise ValueError("UpdateTally: metric_denominator='all_positions' needs the micro-batch's loss_mask")
         for key, value in metrics.items():
             if key.endswith("_max"):  # a maximum over the whole update, not a mean
                 self.maxima[key] = max(self.maxima.get(key, -math.inf), float(value))
+            elif by_position and key in PER_TOKEN_POLICY_METRICS:
+                # The token mean back to a token sum, over the padded tensor's every position.
+                tokens = float(loss_mask.detach().float().sum())
+                self.means.add_weighted(key, float(value) * tokens, float(loss_mask.numel()))
             else:
                 self.means.add_weighted(key, weight * float(value), weight)
 

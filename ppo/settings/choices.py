@@ -18,6 +18,8 @@ MAX_SEED = 2**63 - 1
 LOSS_AGG_NAMES = ("token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm", "prompt_mean",
                   "token_sum")
 REWARD_WHITENING_MODES = ("masked", "stats", "alpacafarm")  # ppo/algorithm/rewards.py whiten_rewards
+WHITENING_SCOPES = ("global", "process")  # ppo/parallel/distributed.py whitening_sum
+METRIC_DENOMINATORS = ("tokens", "all_positions")  # ppo/run/metrics.py over_all_positions
 SCORE_POSITIONS = ("last_token", "after_last_token")  # ppo/algorithm/rewards.py shape_rewards
 KL_CONTROLLER_NAMES = ("ziegler", "alpacafarm")  # ppo/algorithm/kl.py make_kl_controller
 DIFFICULTY_FILTER_MODES = ("resample", "renormalize", "mask")  # ppo/algorithm/filtering.py

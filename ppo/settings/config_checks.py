@@ -19,7 +19,8 @@ from dataclasses import fields
 
 from ppo.settings.choices import (ADVANTAGE_ESTIMATOR_NAMES, CHAT_TEMPLATE_MODES, DIFFICULTY_FILTER_MODES,
                                   GSM8K_ANSWER_MODES, KL_CONTROLLER_NAMES, KL_ESTIMATOR_NAMES, LOSS_AGG_NAMES, MAX_SEED,
-                                  REWARD_WHITENING_MODES, SCORE_POSITIONS, TASK_NAMES, TRACKERS)
+                                  METRIC_DENOMINATORS, REWARD_WHITENING_MODES, SCORE_POSITIONS, TASK_NAMES, TRACKERS,
+                                  WHITENING_SCOPES)
 
 def coerce_types(config) -> None:
     """Accept numbers written as strings (YAML reads ``1e-5`` as a string) and ints for
@@ -155,6 +156,8 @@ def validate(config) -> None:
     choice("value_init", ("reward_model", "reward_model_head", "policy", "random", "pretrained"))
     choice("lr_schedule", ("linear", "constant"))
     choice("reward_whitening_mode", REWARD_WHITENING_MODES)
+    choice("whitening_scope", WHITENING_SCOPES)
+    choice("metric_denominator", METRIC_DENOMINATORS)
     choice("score_position", SCORE_POSITIONS)
     if config.score_position != "last_token" and config.advantage_estimator != "gae":
         bad("score_position", "places the score past the last token for the critic: needs advantage_estimator='gae'")
@@ -453,6 +456,9 @@ def inert_settings(config) -> list[tuple[str, str]]:
             inert(name, "whiten_advantages=False", "set whiten_advantages=True")
     if not config.whiten_rewards:
         inert("reward_whitening_mode", "whiten_rewards=False", "set whiten_rewards=True")
+    if not config.whiten_rewards and not config.whiten_advantages:
+        inert("whitening_scope", "whiten_rewards=False and whiten_advantages=False (nothing is whitened)",
+              "set whiten_rewards or whiten_advantages")
 
     # KL to the reference.
     if not config.uses_reference_model:
@@ -635,12 +641,17 @@ class InertSettingWarning(UserWarning):
 
 
 def run_warnings(config, world_size: int) -> list[str]:
-    """`config_warnings` plus what only the launch decides: sharding in a single process."""
+    """`config_warnings` plus what only the launch decides: sharding or per-process whitening in a
+    single process."""
     messages = config_warnings(config)
     if config.sharding == "fsdp" and world_size == 1:
         messages.append("PPOConfig.sharding: 'fsdp' has no effect in one process (there is nothing to split the "
                         "models across); launch several processes (accelerate launch --num_processes N), or leave "
                         "sharding='none'")
+    if config.whitening_scope == "process" and world_size == 1 and (config.whiten_rewards or config.whiten_advantages):
+        messages.append("PPOConfig.whitening_scope: 'process' has no effect in one process (its share of the rollout "
+                        "batch is the whole batch, so its statistics are the global ones); launch several processes, "
+                        "or leave whitening_scope='global'")
     return messages
 
 

@@ -59,6 +59,8 @@ NO_EFFECT_BY_NATURE: dict[str, str] = {
     "eval_thinking_budget": "how the held-out evaluation caps the thinking before the answer marker (what is measured, "
                             "not the training)",
     "log_samples": "how many decoded rollouts samples.jsonl gets",
+    "metric_denominator": "the denominator of the logged clip fractions and approx_kl (target_kl reads the token mean "
+                          "whatever it is)",
     "save_every": "when checkpoints are written",
     "keep_checkpoints": "how many checkpoints stay on disk",
     "device": "where the run computes",
@@ -109,6 +111,8 @@ EVIDENCE: dict[str, str] = {
                        "with dropout; the testbed's has none)",
     "mixed_precision": "tests/test_precision.py::test_bf16_reference_runs_under_the_policys_autocast",
     "sharding": "tests/test_sharding.py (two processes; in one process the run warns)",
+    "whitening_scope": "tests/test_data_parallel.py::test_whitening_scope_process_whitens_each_ranks_rows_alone "
+                       "(two processes; in one process the run warns)",
     "rollout_correction": "tests/test_rollout_correction.py::test_weights_and_masks_by_hand (a sampler-trainer "
                           "mismatch; fp32 sampling has almost none)",
     "off_policy_mask_threshold": "tests/test_rollout_correction.py::test_off_policy_sequence_mask_acts_in_the_update "
@@ -243,6 +247,7 @@ PROBES: dict[str, Any] = {
     "whiten_advantages": _flip,
     "whiten_advantages_over_padding": _flip,
     "whiten_advantages_per_minibatch": _flip,
+    "whitening_scope": "process",
     "grpo_scale": _other("batch", "group"),
     "grpo_std_correction": 1,
     "grpo_eps": 1e-3,

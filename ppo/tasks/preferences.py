@@ -55,6 +55,9 @@ def require_reward_model(path: str | Path) -> Path:
             f"{path}: no reward model here. Build the simulated-preference reward model first with "
             f"`{BUILD_COMMAND}` (it prints the directory; `python -m ppo.tasks.rlhf path` prints the default one), "
             "or pass --reward-model-path pointing at a directory written by ScalarHeadModel.save_pretrained.")
+    from value_model.reward_model import check_reward_model_digests
+
+    check_reward_model_digests(path)  # a built one records its files' digests
     return path
 
 

@@ -447,7 +447,8 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
     ``claims:DIR`` (the claims stored with that sweep's definitions, ``DIR/<ablation>/ablation.yaml``,
     tested on its runs),
     ``gains:DIR`` (each variant's gain over its start in that sweep), ``starts:DIR`` (the spread
-    of its runs' start evaluations), ``noise:NAME`` and
+    of its runs' start evaluations), ``budget:DIR`` (the thinking-budget curve in
+    docs/results/DIR/budget.csv, `ppo.run.thinking_budget`), ``noise:NAME`` and
     ``aa:NAME`` (the noise budget and A/A check saved in docs/results/data/noise_NAME.json,
     aa_NAME.json)."""
     tables = {}
@@ -471,6 +472,10 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
             from .report_tables import starts_table
 
             tables[name] = starts_table(read_results(RESULTS_DIR / name.split(":", 1)[1] / "results.csv"))
+        elif name.startswith("budget:"):  # a thinking-budget curve committed in docs/results/DIR/budget.csv
+            from ppo.run.thinking_budget import read_csv, table
+
+            tables[name] = table(read_csv(RESULTS_DIR / name.split(":", 1)[1] / "budget.csv"))
         elif name.startswith(("noise:", "aa:")):  # docs/results/data/noise_NAME.json, aa_NAME.json
             kind, label = name.split(":", 1)
             tables[name] = instrument_table(kind, RESULTS_DIR / "data" / f"{kind}_{label}.json")
@@ -481,7 +486,7 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
             tables[name] = paired_against(rows, ablation, base, specs)
         else:
             raise ValueError(f"unknown generated block {name!r} (claims, glance, table:ABLATION, "
-                             "pairs:ABLATION:VARIANT, glance:DIR, claims:DIR, gains:DIR, starts:DIR, noise:NAME or aa:NAME)")
+                             "pairs:ABLATION:VARIANT, glance:DIR, claims:DIR, gains:DIR, starts:DIR, budget:DIR, noise:NAME or aa:NAME)")
     return tables
 
 

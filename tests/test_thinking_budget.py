@@ -8,6 +8,8 @@ stopped is left alone; one that wrote the marker is continued without a second o
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -81,6 +83,12 @@ def test_thinking_budget_command_writes_table_and_plot(tiny_model_dir, tmp_path,
     assert "| checkpoint | 2 | 4 | full |" in printed and "| random |" in printed
     assert (tmp_path / "budget.png").stat().st_size > 0
     assert len((tmp_path / "budget.csv").read_text().splitlines()) == 1 + 3
+    provenance = json.loads((tmp_path / "provenance.json").read_text())
+    assert provenance["checkpoints"] == {"random": str(tiny_model_dir)} and provenance["budgets"] == [2, 4]
+    assert {"commit", "dirty"} <= set(provenance)
+    # the committed curve's table is regenerated from budget.csv alone, as results.md's block is
+    table = thinking_budget.table(thinking_budget.read_csv(tmp_path / "budget.csv"))
+    assert table == (tmp_path / "budget.md").read_text().strip() == printed.split("\nwrote ")[0].strip()
 
 
 def test_eval_thinking_budget_field_is_checked_naming_it():

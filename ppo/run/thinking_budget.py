@@ -117,13 +117,43 @@ def write_csv(curves: dict[str, dict], path: Path) -> None:
                                  summary["answer_rate"], summary["length"]])
 
 
+def read_csv(path: Path) -> dict[str, dict]:
+    """The curves a `write_csv` file holds, in its order: ``{checkpoint: {budget: summary}}``
+    (budgets as ints, ``"full"`` kept), for the generated table of a committed curve."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file (written by python -m ppo.run.thinking_budget ... --out {path.parent})")
+    curves: dict[str, dict] = {}
+    with open(path, newline="") as handle:
+        for row in csv.DictReader(handle):
+            budget = row["budget"] if row["budget"] == FULL else int(row["budget"])
+            curves.setdefault(row["checkpoint"], {})[budget] = {
+                "accuracy": float(row["sampled_accuracy"]), "answer_rate": float(row["answer_rate"]),
+                "length": float(row["length"])}
+    return curves
+
+
+def write_provenance(path: Path, labels: Sequence[str], checkpoints: Sequence[str], args) -> None:
+    """``provenance.json`` beside the curve: the commit (and whether the tree was dirty), each
+    checkpoint's source, and the evaluation's settings."""
+    import json
+
+    from ppo.run.provenance import collect
+
+    record = collect(None, args.threads)
+    record.update(checkpoints=dict(zip(labels, checkpoints)), budgets=sorted(args.budgets),
+                  samples_per_prompt=args.samples_per_prompt, eval_size=args.eval_size, seed=args.seed,
+                  response_length=args.response_length, answer_tokens=args.answer_tokens)
+    path.write_text(json.dumps(record, indent=2) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ppo.run.thinking_budget", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", nargs="+", help="'warm', run directories or model directories")
     parser.add_argument("--labels", nargs="+", help="one name per checkpoint for the table and plot")
     parser.add_argument("--budgets", nargs="+", type=int, default=[4, 8, 12, 16, 24, 32, 48],
                         help="thinking budgets in tokens")
-    parser.add_argument("--out", required=True, help="directory for budget.csv, budget.png and budget.md")
+    parser.add_argument("--out", required=True, help="directory for budget.csv, budget.png, budget.md and provenance.json")
     parser.add_argument("--samples-per-prompt", type=int, default=16, help="draws per held-out problem (testbed: 16)")
     parser.add_argument("--eval-size", type=int, default=None, help="first N held-out problems; default all")
     parser.add_argument("--response-length", type=int, default=64, help="the unbudgeted response length (testbed 64)")
@@ -147,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "budget.md").write_text(markdown + "\n")
     write_csv(curves, out / "budget.csv")
     plot(curves, out / "budget.png")
+    write_provenance(out / "provenance.json", labels, args.checkpoints, args)
     print(markdown)
     print(f"wrote {out / 'budget.md'}, {out / 'budget.csv'}, {out / 'budget.png'}")
     return 0

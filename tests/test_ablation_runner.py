@@ -319,8 +319,14 @@ def test_identical_run_trains_itself_when_its_leader_fails(tmp_path, monkeypatch
 # ---------------------------------------------------------------------------------- the CLI
 def test_list_prints_every_registered_ablation(capsys):
     assert main(["list"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    from ablations.registry import DATA_PARALLEL_ONLY
+
+    out = capsys.readouterr().out
+    lines, _, tail = out.partition("\n\n")
+    lines = lines.splitlines()
     assert len(lines) == len(ABLATIONS)
+    # the toggles no one-process sweep can show, each named with the test that shows it instead
+    assert [line.split(":")[0].strip() for line in tail.splitlines()[1:]] == list(DATA_PARALLEL_ONLY)
     for line, (name, ablation) in zip(lines, ABLATIONS.items()):
         assert line.split()[0] == name and line.endswith(ablation.question)
         assert f"{len(ablation.variants)} variant" in line

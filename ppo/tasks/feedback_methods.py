@@ -9,6 +9,7 @@ runs the same methods here, every one from the same SFT warm start and the same 
     best_of_n            n samples per prompt, the reward model picks one; no training
     expert_iteration     rounds of: best-of-n on training prompts, then SFT on the picked samples
     quark                reward-quantile control tokens, log-likelihood + KL to the SFT + entropy
+    quark_best_quantile  the same loss on the best quantile only, no tokens (the default of AlpacaFarm's script)
     reward_conditioning  SFT on both responses of each preference pair behind a good / bad token
     feedme               SFT on the preferred response of each preference pair
     ppo, grpo, rloo      the trainer with the `alpacafarm`, `grpo` and `rloo` presets (testbed scale)
@@ -17,7 +18,7 @@ The objectives are in `ppo.algorithm.feedback_methods`; this module builds their
 their training loops and evaluates every method the same way (`evaluate_method`).
 
 **Budgets.** The methods that query the reward model while training (expert iteration, Quark,
-PPO, GRPO, RLOO) each get `ComparisonConfig.rm_queries` reward-model-scored samples of
+PPO, GRPO, RLOO, both Quarks) each get `ComparisonConfig.rm_queries` reward-model-scored samples of
 their own policy. FeedME and reward conditioning query no reward model: they read the
 training split of the preference pairs the reward model was fitted to, for
 `ComparisonConfig.sft_epochs` epochs. Best-of-n trains nothing and scores n samples per
@@ -68,7 +69,8 @@ from ppo.tasks.base import Problem
 from ppo.tasks.preferences import PreferenceTask, gold_score, sample_responses
 from ppo.tasks.rlhf import RLHFConfig
 
-METHODS = ("sft", "best_of_n", "expert_iteration", "quark", "reward_conditioning", "feedme", "ppo", "grpo", "rloo")
+METHODS = ("sft", "best_of_n", "expert_iteration", "quark", "quark_best_quantile", "reward_conditioning", "feedme",
+           "ppo", "grpo", "rloo")
 RL_PRESETS = {"ppo": "alpacafarm", "grpo": "grpo", "rloo": "rloo"}
 GOOD_TOKEN, BAD_TOKEN = "<good>", "<bad>"
 # Seeds of the evaluation's samples, offset by the run's seed: the SFT reference samples and
@@ -85,7 +87,7 @@ PROVENANCE_COLUMNS = ("prov_commit", "prov_dirty", "prov_warm_start", "prov_rewa
 class ComparisonConfig:
     """Every setting of one comparison run; each method reads only its own."""
 
-    rm_queries: int = 3200  # reward-model-scored training samples of each online method
+    rm_queries: int = 2560  # reward-model-scored training samples of each online method
     rollout_batch_size: int = 64  # samples per step of Quark and the trainer's presets (TESTBED_SCALE)
     lr: float = 1e-4  # every method's rate: TESTBED_SCALE's lr, so methods differ in their objective only
     response_length: int = 64  # generation budget (the SFT warm start's max_new_tokens)
@@ -249,11 +251,12 @@ def fine_tune(policy, tokenizer, examples: Sequence[tuple[str, str, bool]], epoc
 def quark_update(policy, ref_policy, tokenizer, ref_tokenizer, examples: Sequence[tuple[Problem, str, bool, int]],
                  config: ComparisonConfig, original_vocab: int, optimizer) -> dict:
     """One Quark gradient step on ``(problem, response, has_eos, quantile)`` examples: the
-    policy reads each prompt behind its quantile's token, the reference the plain prompt (in
-    AlpacaFarm the reference sees the token masked out, ``ignore_tokens``)."""
+    policy reads each prompt behind its quantile's token (none when the quantile is None), the
+    reference the plain prompt (in AlpacaFarm the reference sees the token masked out,
+    ``ignore_tokens``)."""
     problems, responses, has_eos, quantiles = zip(*examples)
-    batch = _batch(tokenizer, [conditioned(p.prompt, quark_token(q)) for p, q in zip(problems, quantiles)],
-                   responses, has_eos)
+    prompts = [p.prompt if q is None else conditioned(p.prompt, quark_token(q)) for p, q in zip(problems, quantiles)]
+    batch = _batch(tokenizer, prompts, responses, has_eos)
     ref_batch = _batch(ref_tokenizer, [p.prompt for p in problems], responses, has_eos)
     policy.train()
     logits = _response_logits(policy, *batch)  # [B, T, V0 + K], control tokens at -inf
@@ -326,21 +329,41 @@ def train_expert_iteration(policy, tokenizer, task, reward_model: RewardModel, c
     return Trained(policy, tokenizer, rm_queries=queries, optimizer_steps=steps)
 
 
+def shuffled_draw(size: int, count: int, generator: torch.Generator) -> list[int]:
+    """`count` indices into a pool of `size`, from reshuffled passes over it (AlpacaFarm draws
+    each Quark step batch from an ``InfiniteLoader`` over the pool, so a pool smaller than the
+    step batch is cycled through more than once).
+
+    >>> sorted(shuffled_draw(3, 6, torch.Generator().manual_seed(0)))  # the pool twice
+    [0, 0, 1, 1, 2, 2]
+    """
+    indices: list[int] = []
+    while len(indices) < count:
+        indices += torch.randperm(size, generator=generator).tolist()
+    return indices[:count]
+
+
 def train_quark(policy, tokenizer, ref_policy, task, reward_model: RewardModel, config: ComparisonConfig,
-                seed: int) -> Trained:
-    """Quark as AlpacaFarm's ``QuarkTrainer`` with ``train_on_best_quantile=False``: each step
-    samples a rollout batch conditioned on ``<reward_0>`` (the first step unconditioned, its
-    token still untrained), scores it, clears the pool and refills it with this batch
-    (``clear_data_pool_on_each_rollout``), gives each response its quantile's token and takes
-    `quark_gradient_steps` steps of `quark_loss` on shuffled batches of `quark_step_batch`."""
+                seed: int, best_quantile_only: bool = False) -> Trained:
+    """Quark as AlpacaFarm's ``QuarkTrainer``: each step samples a rollout batch, scores it,
+    clears the pool and refills it with this batch (``clear_data_pool_on_each_rollout``) and
+    takes `quark_gradient_steps` steps of `quark_loss` on batches of `quark_step_batch` drawn
+    from it. With ``train_on_best_quantile=False`` (here the default) every response is trained
+    on behind its quantile's token and rollouts are conditioned on ``<reward_0>`` (the first
+    step unconditioned, its token still untrained). `best_quantile_only` is AlpacaFarm's
+    default ``train_on_best_quantile=True``, which ``rlhf_quark.sh`` keeps: no tokens at all,
+    only the best quantile of each pool is trained on."""
     tokens = [quark_token(k) for k in range(config.quark_tokens)]
-    policy_tokenizer, original_vocab = add_control_tokens(policy, tokenizer, tokens, seed)
+    if best_quantile_only:
+        policy_tokenizer, original_vocab, token = tokenizer, len(tokenizer), ""
+    else:
+        (policy_tokenizer, original_vocab), token = add_control_tokens(policy, tokenizer, tokens, seed), tokens[0]
     optimizer = torch.optim.AdamW(policy.parameters(), lr=config.lr)
     rng, generator = random.Random(seed), torch.Generator().manual_seed(seed)
     queries = steps = 0
     for step in range(config.rm_queries // config.rollout_batch_size):
         problems = task.sample_problems(config.rollout_batch_size, rng)
-        prompts = [p if step == 0 else dataclasses.replace(p, prompt=conditioned(p.prompt, tokens[0]))
+        prompts = [p if step == 0 or not token else dataclasses.replace(p, prompt=conditioned(p.prompt, token))
                    for p in problems]
         texts, has_eos, _ = sample_responses(policy, policy_tokenizer, prompts, config.response_length,
                                              seed=seed * 1000 + step)
@@ -348,12 +371,13 @@ def train_quark(policy, tokenizer, ref_policy, task, reward_model: RewardModel, 
         queries += len(texts)
         quantiles = quantile_tokens(rewards, config.quark_tokens).tolist()  # [B], 0 = best
         pool = list(zip(problems, texts, has_eos, quantiles))
+        if best_quantile_only:
+            pool = [(p, t, e, None) for p, t, e, q in pool if q == 0]
         for _ in range(config.quark_gradient_steps):
-            order = torch.randperm(len(pool), generator=generator)[:config.quark_step_batch].tolist()
-            quark_update(policy, ref_policy, policy_tokenizer, tokenizer, [pool[i] for i in order], config,
-                         original_vocab, optimizer)
+            batch = [pool[i] for i in shuffled_draw(len(pool), config.quark_step_batch, generator)]
+            quark_update(policy, ref_policy, policy_tokenizer, tokenizer, batch, config, original_vocab, optimizer)
             steps += 1
-    return Trained(policy, policy_tokenizer, token=tokens[0], rm_queries=queries, optimizer_steps=steps)
+    return Trained(policy, policy_tokenizer, token=token, rm_queries=queries, optimizer_steps=steps)
 
 
 def train_with_trainer(method: str, config: ComparisonConfig, reward_model_dir: Path, seed: int,
@@ -481,8 +505,9 @@ def run_method(method: str, seed: int, config: ComparisonConfig, sft_dir: Path, 
         policy, tokenizer = load_policy(sft_dir)
         if method == "expert_iteration":
             trained = train_expert_iteration(policy, tokenizer, task, reward_model, config, seed)
-        elif method == "quark":
-            trained = train_quark(policy, tokenizer, sft_policy, task, reward_model, config, seed)
+        elif method in ("quark", "quark_best_quantile"):
+            trained = train_quark(policy, tokenizer, sft_policy, task, reward_model, config, seed,
+                                  best_quantile_only=method == "quark_best_quantile")
         else:
             rows = preference_rows(reward_model_dir, config.rlhf)
             if method == "feedme":

@@ -196,7 +196,8 @@ def test_quark_control_token_placement_and_reference_without_it():
     assert ids[1] == original + 2
     # new embedding rows: the mean of the old rows plus noise of their spread
     rows = policy.get_input_embeddings().weight
-    assert torch.allclose(rows[original:].mean(0), rows[:original].mean(0), atol=3 * rows[:original].std(0).max().item())
+    spread = rows[:original].std(0).max().item()
+    assert torch.allclose(rows[original:].mean(0), rows[:original].mean(0), atol=3 * spread)
     # never sampled: their logits are -inf
     logits = policy(input_ids=torch.tensor([ids])).logits
     assert torch.isinf(logits[..., original:]).all() and torch.isfinite(logits[..., :original]).all()

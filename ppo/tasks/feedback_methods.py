@@ -589,7 +589,8 @@ def run(config: ComparisonConfig, methods: Sequence[str], seeds: Sequence[int], 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ppo.tasks.feedback_methods", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    run_parser = commands.add_parser("run", help="train and evaluate every method over seeds; appends to OUT/results.csv")
+    run_parser = commands.add_parser("run", help="train and evaluate every method over seeds; "
+                                                 "appends to OUT/results.csv")
     run_parser.add_argument("--out", required=True, help="directory of results.csv")
     run_parser.add_argument("--seeds", type=int, default=3, help="seeds 1..N")
     run_parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
@@ -602,7 +603,8 @@ def main(argv: list[str] | None = None) -> int:
                                 help=f"ComparisonConfig.{name} (default {getattr(defaults, name)})")
     table_parser = commands.add_parser("table", help="the markdown table of a results directory")
     table_parser.add_argument("directory", help="a directory holding results.csv")
-    table_parser.add_argument("--update", default=None, help="rewrite the generated:feedback_methods block of this file")
+    table_parser.add_argument("--update", default=None,
+                              help="rewrite the generated:feedback_methods block of this file")
     args = parser.parse_args(argv)
     if args.command == "table":
         from ppo.tasks.feedback_report import main_table

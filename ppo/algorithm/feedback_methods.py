@@ -33,6 +33,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ppo.algorithm.kl import full_kl
+
 
 def best_of_n_choice(proxy_scores: torch.Tensor) -> torch.Tensor:
     """Which of each prompt's n samples best-of-n returns: the argmax of the proxy reward.
@@ -108,10 +110,8 @@ def full_kl_and_entropy(logits: torch.Tensor, ref_logits: torch.Tensor, vocab_si
         logits, ref_logits = logits[..., :vocab_size], ref_logits[..., :vocab_size]
     log_p = F.log_softmax(logits.float(), dim=-1)  # [B, T, V]
     log_q = F.log_softmax(ref_logits.float(), dim=-1)  # [B, T, V]
-    p = log_p.exp()
-    kl = (p * (log_p - log_q)).sum(-1)  # [B, T]
-    entropy = -(p * log_p).sum(-1)  # [B, T]
-    return kl, entropy
+    entropy = -(log_p.exp() * log_p).sum(-1)  # [B, T]
+    return full_kl(log_p, log_q), entropy
 
 
 def quark_loss(logprobs: torch.Tensor, kl: torch.Tensor, entropy: torch.Tensor, response_mask: torch.Tensor,

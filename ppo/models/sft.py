@@ -187,17 +187,24 @@ def warm_start(config: SFTConfig | None = None, cache_dir: str | Path | None = N
     if (PINNED_DIR / name / "sft_info.json").is_file() and not force:
         return PINNED_DIR / name  # identical bits on every machine
     output_dir = cache_dir / "sft" / name
-    if (output_dir / "sft_info.json").is_file() and not force:
+    return build_once(output_dir, "sft_info.json", lambda: _train_and_save(config, output_dir, progress, stop_after),
+                      force)
+
+
+def build_once(output_dir: Path, done_file: str, build, force: bool = False) -> Path:
+    """`output_dir` when `done_file` is in it (unless `force`), else what `build()` returns,
+    built under an exclusive lock beside the directory (``NAME.lock``). Several runs of a sweep
+    may start at once on a fresh machine: one builds, the others wait on the lock and then find
+    the finished model. Used by the warm start and the testbed teacher (ppo/models/teacher.py)."""
+    if (output_dir / done_file).is_file() and not force:
         return output_dir
-    # Several runs of a sweep may start at once on a fresh machine: one trains, the others
-    # wait on the lock and then find the finished checkpoint.
     output_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(output_dir.parent / f"{name}.lock", "w") as lock:
+    with open(output_dir.parent / f"{output_dir.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            if (output_dir / "sft_info.json").is_file() and not force:
+            if (output_dir / done_file).is_file() and not force:
                 return output_dir
-            return _train_and_save(config, output_dir, progress, stop_after)
+            return build()
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 

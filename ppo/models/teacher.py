@@ -37,7 +37,6 @@ Implementation details that live here:
 from __future__ import annotations
 
 import argparse
-import fcntl
 import hashlib
 import json
 import os
@@ -51,7 +50,7 @@ from pathlib import Path
 import torch
 
 from ppo.models.policy import load_policy
-from ppo.models.sft import DEFAULT_CACHE_DIR, SFT_FORMAT_VERSION, SFTConfig, weights_sha256
+from ppo.models.sft import DEFAULT_CACHE_DIR, SFT_FORMAT_VERSION, SFTConfig, build_once, weights_sha256
 
 TESTBED = "testbed"  # the value of PPOConfig.teacher_model_path that names this module's teacher
 # Bump when the recipe or what it is built from changes, so an old cached teacher is not reused.
@@ -128,19 +127,13 @@ def testbed_teacher(progress: bool = True, cache_dir: str | Path | None = None, 
     """The testbed teacher's directory, built first if it is not cached (or with `force`).
     Runs that start together wait on a lock while one of them builds it."""
     output_dir = testbed_teacher_dir(cache_dir)
-    if (output_dir / INFO_FILE).is_file() and not force:
-        return output_dir
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    with open(output_dir.parent / f"{output_dir.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            if (output_dir / INFO_FILE).is_file() and not force:
-                return output_dir
-            print(f"building the testbed teacher (GRPO from the warm start, {TEACHER_STEPS} steps on the CPU; "
-                  f"once, then cached in {output_dir}) ...", file=sys.stderr, flush=True)
-            return build_testbed_teacher(output_dir, progress=progress)
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def build() -> Path:
+        print(f"building the testbed teacher (GRPO from the warm start, {TEACHER_STEPS} steps on the CPU; "
+              f"once, then cached in {output_dir}) ...", file=sys.stderr, flush=True)
+        return build_testbed_teacher(output_dir, progress=progress)
+
+    return build_once(output_dir, INFO_FILE, build, force)
 
 
 def build_testbed_teacher(output_dir: Path, progress: bool = True) -> Path:

@@ -446,7 +446,8 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
     ``glance:DIR`` (the at-a-glance lines of the sweep committed in docs/results/DIR/),
     ``claims:DIR`` (the claims stored with that sweep's definitions, ``DIR/<ablation>/ablation.yaml``,
     tested on its runs),
-    ``gains:DIR`` (each variant's gain over its start in that sweep), ``starts:DIR`` (the spread
+    ``gains:DIR`` (each variant's gain over its start in that sweep), ``extras:DIR`` (each
+    variant's metric and extra metrics in that sweep, at the end and over the run), ``starts:DIR`` (the spread
     of its runs' start evaluations), ``budget:DIR`` (the thinking-budget curve in
     docs/results/DIR/budget.csv, `ppo.run.thinking_budget`), ``noise:NAME`` and
     ``aa:NAME`` (the noise budget and A/A check saved in docs/results/data/noise_NAME.json,
@@ -468,6 +469,12 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
             from .report_tables import gains_table
 
             tables[name] = gains_table(read_results(RESULTS_DIR / name.split(":", 1)[1] / "results.csv"))
+        elif name.startswith("extras:"):  # each variant's metric and extra metrics, docs/results/DIR/results.csv
+            from .report_tables import extras_table
+
+            directory = RESULTS_DIR / name.split(":", 1)[1]
+            committed = read_results(directory / "results.csv")
+            tables[name] = extras_table(committed, sweep_specs(directory, [row["ablation"] for row in committed]))
         elif name.startswith("starts:"):  # the warm start's evaluation spread over a sweep's seeds
             from .report_tables import starts_table
 
@@ -486,7 +493,8 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
             tables[name] = paired_against(rows, ablation, base, specs)
         else:
             raise ValueError(f"unknown generated block {name!r} (claims, glance, table:ABLATION, "
-                             "pairs:ABLATION:VARIANT, glance:DIR, claims:DIR, gains:DIR, starts:DIR, budget:DIR, noise:NAME or aa:NAME)")
+                             "pairs:ABLATION:VARIANT, glance:DIR, claims:DIR, gains:DIR, extras:DIR, starts:DIR, budget:DIR, "
+                             "noise:NAME or aa:NAME)")
     return tables
 
 

@@ -113,7 +113,9 @@ def pooled_provenance(rows: Sequence[dict], allow_mixed: bool = False) -> str:
             + (f" ({dirty} with uncommitted changes)" if dirty else "")
             + f"; warm start {', '.join(values('prov_warm_start'))}; torch {', '.join(values('prov_torch'))}, "
             f"transformers {', '.join(values('prov_transformers'))}; threads {', '.join(values('prov_threads'))}; "
-            f"CPU {', '.join(values('prov_cpu'))}.")
+            f"CPU {', '.join(values('prov_cpu'))}"
+            + (f"; reward model {', '.join(rm)}" if (rm := sorted({str(r.get('prov_reward_model', '')) for r in ok} - {''}))
+               else "") + ".")
     return ("MIXED PROVENANCE (pooled with --allow-mixed). " + line) if mixed else line
 
 

@@ -157,6 +157,36 @@ def gains_table(rows: Sequence[dict]) -> str:
     return "\n".join(lines)
 
 
+def extras_table(rows: Sequence[dict], specs: dict | None = None) -> str:
+    """Per variant, the ablation's metric and its extra metrics, mean ± 95% interval over seeds:
+    each at the end of the run (its last-10% window, for an evaluation key the last
+    evaluation) and, for the held-out evaluation keys (``eval_*``), also its mean over every
+    evaluation of the run (the ``:all`` column: the area under the held-out curve), so a
+    reader sees both where a run ends and what it earned on the way."""
+    from .columns import WHOLE_RUN_SUFFIX
+    from .variant_comparison import summarise
+
+    entries = summarise(rows, specs)
+    parts = []
+    for ablation in dict.fromkeys(e["ablation"] for e in entries):
+        chosen = [e for e in entries if e["ablation"] == ablation]
+        keys = list(dict.fromkeys((chosen[0]["metric"], *chosen[0]["extra_metrics"])))
+        columns = []
+        for key in keys:
+            # The metric is a column of the row only when it is a logged key; else its value is metric_value.
+            columns.append((f"`{key}` (end)", key if f"{key}_n" in chosen[0] else "metric_value"))
+            if key.startswith("eval_") and f"{key}{WHOLE_RUN_SUFFIX}_n" in chosen[0]:
+                columns.append((f"`{key}` (run mean)", key + WHOLE_RUN_SUFFIX))
+        header = ["variant", "seeds ok", *(label for label, _ in columns)]
+        lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+        for e in chosen:
+            cells = [e["variant"], f"{e['n_ok']}/{e['n_runs']}",
+                     *(_fmt_ci(e, column, "g") if f"{column}_n" in e else "n/a" for _, column in columns)]
+            lines.append("| " + " | ".join(cells) + " |")
+        parts.append(("" if len(chosen) == len(entries) else f"`{ablation}`:\n\n") + "\n".join(lines))
+    return "\n\n".join(parts)
+
+
 def starts_table(rows: Sequence[dict]) -> str:
     """The spread of the start's held-out sampled accuracy over the runs' evaluation seeds:
     every run of a sweep evaluates the same warm start before training, each with its own

@@ -36,9 +36,10 @@ Per-run numbers (`collect_runs`, one row per run directory, also written to ``re
     warnings                    summary.json's warnings, one per line: settings the run
                                 accepted but never read ("" for none)
     prov_commit, prov_dirty, prov_warm_start, prov_torch, prov_transformers, prov_python,
-    prov_threads, prov_cpu, prov_processes
+    prov_threads, prov_cpu, prov_processes, prov_reward_model
                                 the run's provenance from summary.json (`ppo.run.provenance`):
-                                which code, warm start, libraries, threads and machine
+                                which code, warm start, libraries, threads, machine and
+                                reward model
                                 ("" for runs that recorded none)
     <extra metric keys>         each extra metric of the ablation, last-10% mean
     <extra metric key>:all      ... and its mean over every training step (`run_mean`)

@@ -407,3 +407,27 @@ def test_docs_results_prose_states_only_generated_numbers():
     stray = [n for n in re.findall(r"(?<![\w.])[-+]?\d+\.\d+", prose)
              if n.lstrip("+-") not in PROSE_SETTINGS and n.lstrip("+-") not in generated]
     assert not stray, f"numbers in docs/results.md's prose that no generated table shows: {stray}"
+
+
+def test_extras_block_shows_each_metric_at_the_end_and_evaluation_keys_over_the_run():
+    """`extras:DIR`: per variant, the metric and every extra metric as mean ± 95% interval over
+    seeds, and the whole-run mean (`:all`) beside each held-out evaluation key."""
+    from ablations.report_tables import extras_table
+    from ablations.registry import get_ablation
+
+    spec = get_ablation("alpacafarm_overoptimization")
+    columns = {key: [1.0, 2.0, 3.0] for key in spec.extra_metrics}
+    rows = rows_for("alpacafarm_overoptimization", {
+        "kl_0.0": {**columns, "eval_gold_reward": [0.1, 0.2, 0.3], "eval_gold_reward:all": [0.3, 0.3, 0.3],
+                   "eval_win_rate_vs_sft:all": [0.6, 0.7, 0.8], "eval_proxy_reward:all": [0.5, 0.5, 0.5],
+                   "final_sampled_accuracy": [0.4, 0.4, 0.4], "metric_value": [0.1, 0.2, 0.3]}})
+    table = extras_table(rows, {"alpacafarm_overoptimization": spec}).splitlines()
+    header = table[0]
+    assert "`eval_gold_reward` (end)" in header and "`eval_gold_reward` (run mean)" in header
+    assert "`score` (end)" in header and "`score` (run mean)" not in header  # a training key: the end only
+    cells = dict(zip([c.strip() for c in header.strip("|").split("|")], [c.strip() for c in table[2].strip("|").split("|")]))
+    # mean 0.2, sd 0.1, t(0.975, 2) = 4.303: half-width 0.1 * 4.303 / sqrt(3) = 0.248
+    assert cells["`eval_gold_reward` (end)"] == "0.2 ± 0.248"
+    assert cells["`eval_gold_reward` (run mean)"] == "0.3 ± 0"
+    assert cells["`eval_win_rate_vs_sft` (run mean)"] == "0.7 ± 0.248"
+    assert cells["seeds ok"] == "3/3"

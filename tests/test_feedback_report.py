@@ -111,3 +111,13 @@ def test_best_of_n_expert_iteration_quark_reward_conditioning_feedme_in_the_comm
     summary = report.summarize(rows)
     assert all(len(entry["seeds"]) >= 3 for entry in summary.values())
     assert {row["prov_dirty"] for row in rows} == {"False"} and len({row["prov_commit"] for row in rows}) == 1
+
+
+def test_feedme_and_every_method_of_the_committed_table_were_scored_by_the_pinned_reward_model():
+    """Every committed row names the weights of the shipped reward model (`ppo.tasks.rlhf`'s
+    pinned directory), so the table's numbers are the pinned model's, on any machine."""
+    from ppo.run.provenance import warm_start_id
+    from ppo.tasks.rlhf import reward_model_dir
+
+    pinned = warm_start_id(str(reward_model_dir(progress=False)))
+    assert {row["prov_reward_model"] for row in report.read_rows(RESULTS)} == {pinned}

@@ -88,6 +88,14 @@ def test_provenance_names_code_warm_start_libraries_threads_and_machine(tiny_mod
     assert record["torch"] == torch.__version__ and record["threads"] == 3 and record["processes"] == 2
     assert record["cpu"] and record["cpu"] != "unknown"
     assert provenance.collect(None, threads=1)["warm_start"] == "in-memory"
+    assert record["reward_model"] == ""  # no reward model scored this run
+
+
+def test_provenance_names_the_reward_model_a_run_is_scored_by(tiny_model_dir):
+    """A preference run's rows say which reward model's bits scored it (its weights digest,
+    computed like the warm start's), so two sweeps scored by different builds cannot pass for one."""
+    record = provenance.collect(str(tiny_model_dir), threads=1, reward_model_path=str(tiny_model_dir))
+    assert record["reward_model"] == sft.weights_sha256(tiny_model_dir)[:16]
 
 
 def _finished_run(run_dir, commit, warm_start, final):

@@ -95,7 +95,7 @@ def write(folder: Path, config: PPOConfig, step: int, base_model: str | None,
     ``(step, metrics)`` if any (main process)."""
     from ppo.parallel import distributed
 
-    record = collect(base_model, config.threads, distributed.world_size())
+    record = collect(base_model, config.threads, distributed.world_size(), config.reward_model_path)
     path = Path(folder) / "README.md"
     path.write_text(render(config, step, base_model, latest_eval, record), encoding="utf-8")
     return path

@@ -9,7 +9,8 @@ Fields: ``commit`` (the git commit of this source tree, or "unknown" outside a c
 ``dirty`` (uncommitted changes to tracked files), ``warm_start`` (the digest of the starting
 policy's weights, `ppo.models.sft.weights_sha256`, first 16 hex digits), ``torch``,
 ``transformers``, ``python``, ``threads`` (torch intra-op threads of the run), ``cpu``
-(the processor's model name) and ``processes``.
+(the processor's model name), ``processes`` and ``reward_model`` (the digest of the reward
+model's weights, the same way as the warm start's, for a run scored by one; "" otherwise).
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ from pathlib import Path
 SOURCE_ROOT = Path(__file__).resolve().parents[2]
 # A checkpoint larger than this is identified by its file names and sizes, not hashed.
 MAX_HASHED_BYTES = 2 * 1024**3
-FIELDS = ("commit", "dirty", "warm_start", "torch", "transformers", "python", "threads", "cpu", "processes")
+FIELDS = ("commit", "dirty", "warm_start", "torch", "transformers", "python", "threads", "cpu", "processes",
+          "reward_model")
 
 
 def _git(*args: str) -> str | None:
@@ -81,7 +83,7 @@ def warm_start_id(model_path: str | None) -> str:
     return weights_sha256(path)[:16]
 
 
-def collect(model_path: str | None, threads: int, processes: int = 1) -> dict:
+def collect(model_path: str | None, threads: int, processes: int = 1, reward_model_path: str | None = None) -> dict:
     """The provenance record of a run (see the module docstring)."""
     import torch
     import transformers
@@ -89,4 +91,5 @@ def collect(model_path: str | None, threads: int, processes: int = 1) -> dict:
     commit, dirty = source_version()
     return {"commit": commit, "dirty": dirty, "warm_start": warm_start_id(None if model_path is None else str(model_path)),
             "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": sys.version.split()[0], "threads": int(threads), "cpu": cpu_model(), "processes": int(processes)}
+            "python": sys.version.split()[0], "threads": int(threads), "cpu": cpu_model(), "processes": int(processes),
+            "reward_model": warm_start_id(str(reward_model_path)) if reward_model_path else ""}

@@ -177,7 +177,7 @@ class TrainingRun:
             # Extending a finished run is recorded with the summary it replaces.
             run_dir.open_run(output_dir, cfg, resume, state.step if loaded else -1, changes, extends=finished)
             try:
-                record = provenance.collect(self.model_path, cfg.threads, distributed.world_size())
+                record = provenance.collect(self.model_path, cfg.threads, distributed.world_size(), cfg.reward_model_path)
                 self.trackers = trackers.open_trackers(cfg, output_dir, record, state.step)
             except trackers.TrackerError as error:
                 refusal = str(error)
@@ -232,7 +232,7 @@ class TrainingRun:
         # sweep's report can show which arms carried one.
         summary["warnings"] = list(self.config_warnings)
         # Which code, warm start, libraries, threads and machine made these numbers.
-        summary["provenance"] = provenance.collect(self.model_path, cfg.threads, distributed.world_size())
+        summary["provenance"] = provenance.collect(self.model_path, cfg.threads, distributed.world_size(), cfg.reward_model_path)
         if main:
             (output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary

@@ -527,12 +527,10 @@ def run_method(method: str, seed: int, config: ComparisonConfig, sft_dir: Path, 
 
 
 def provenance(sft_dir: Path, reward_model_dir: Path, threads: int) -> dict:
-    """`ppo.run.provenance.collect` as ``prov_*`` columns, plus the reward model's weights digest."""
-    from ppo.run.provenance import collect, warm_start_id
+    """`ppo.run.provenance.collect` as ``prov_*`` columns (the reward model's weights digest among them)."""
+    from ppo.run.provenance import collect
 
-    record = {f"prov_{k}": v for k, v in collect(str(sft_dir), threads).items()}
-    record["prov_reward_model"] = warm_start_id(str(reward_model_dir))
-    return record
+    return {f"prov_{k}": v for k, v in collect(str(sft_dir), threads, reward_model_path=str(reward_model_dir)).items()}
 
 
 def read_results(path: Path) -> list[dict]:

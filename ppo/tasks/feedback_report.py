@@ -27,9 +27,13 @@ from ablations.tables import markdown_table
 
 BLOCK = "feedback_methods"
 # AlpacaFarm's Table 2 (arXiv 2305.14387 v4), simulated win rate (%) against Davinci003, the
-# methods trained and evaluated in simulation. The README of tatsu-lab/alpaca_farm@30717dd
-# lists the released checkpoints of these methods (ppo-sim, expiter-sim, feedme-sim,
-# reward-condition-sim) but not their win rates. GRPO and RLOO are not in AlpacaFarm.
+# methods trained and evaluated in simulation. Two of them can be checked in AlpacaFarm's own
+# files: the README of tatsu-lab/alpaca_farm@0051c9002837 prints, as the output of its
+# `alpaca_leaderboard` example, "RLHF PPO" 46.64 and "SFT 10k" 35.85 (one evaluation run of the
+# released checkpoints), within a point of Table 2's 46.8 and 36.7; the README lists the released
+# checkpoints of the others (expiter-sim, feedme-sim, reward-condition-sim) without win rates.
+# The other five numbers are Table 2's as transcribed, not checked against the PDF here (this
+# machine reaches no paper server). GRPO and RLOO are not in AlpacaFarm.
 ALPACAFARM_SIM_WIN_RATES = {
     "ppo": 46.8,
     "best_of_n": 45.0,  # best-of-1024

@@ -11,6 +11,7 @@ Commands::
     python -m ablations estimate NAME|all [--seeds 3] [--timed-steps 2] [--json FILE] [--compile]
     python -m ablations noise SWEEP_DIR [--draws 4] [--samples-per-prompt 1,16] [--seeds 5] [--json FILE]
     python -m ablations aa SWEEP_DIR [--verdict-seeds 5] [--json FILE]
+    python -m ablations power [RESULTS] [--update docs/results.md]
 
 ``run`` takes registered ablations or ablation files (YAML/TOML, `ablations.ablation_files`)
 and writes one ``ppo-train`` run directory per variant x seed under ``DIR/<ablation>/``
@@ -265,13 +266,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "difference N seeds detect (python -m ablations noise --help)", add_help=False)
     commands.add_parser("aa", help="the verdicts' false-positive rate from an A/A sweep (python -m ablations aa --help)",
                         add_help=False)
+    commands.add_parser("power", help="the seeds each registered claim's test needs for 80%% power, from a pilot "
+                        "(python -m ablations power --help)", add_help=False)
     commands.add_parser("reproduce", help="rerun (or find complete) every sweep behind docs/results.md and "
                         "regenerate its tables (python -m ablations reproduce --help)", add_help=False)
     return parser
 
 
 # Commands with their own parser: main() hands everything after the name to ablations.<name>.main.
-DELEGATED = ("claims", "estimate", "reproduce", "noise", "aa")
+DELEGATED = ("claims", "estimate", "reproduce", "noise", "aa", "power")
 # Commands that moved to `python -m ppo.benchmarks` (the benchmarks measure the loop, not a toggle).
 MOVED_TO_BENCHMARKS = ("bench", "speed", "memory")
 

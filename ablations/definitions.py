@@ -152,7 +152,11 @@ class Claim:
     column's units, is the equivalence margin of a claim of no difference (direction 0:
     ``|first - second| < margin``) or the non-inferiority margin of a directed claim (direction
     +1: ``first - second > -margin``, "the first is no worse than the second by more than the
-    margin"; -1 mirrored).
+    margin"; -1 mirrored). `effect` is the size a directed claim's test must see, in the
+    column's units, and `effect_basis` where that size comes from (the effect the source
+    reports, or a stated smallest effect of interest); for a claim with a margin,
+    `effect_basis` says why that margin. `ablations.power` turns the size and a pilot's noise
+    into the seeds the test needs.
     """
 
     claim: str  # what the course says, in one sentence
@@ -166,6 +170,8 @@ class Claim:
     family: str = ""
     margin: float | None = None
     amendments: tuple[Amendment, ...] = ()
+    effect: float | None = None
+    effect_basis: str = ""
 
     def __post_init__(self):
         if self.direction not in (-1, 0, 1):
@@ -174,6 +180,8 @@ class Claim:
             raise ValueError(f"claim {self.claim!r}: no registered seeds")
         if self.margin is not None and not self.margin > 0:
             raise ValueError(f"claim {self.claim!r}: margin (equivalence or non-inferiority) must be > 0")
+        if self.effect is not None and not self.effect > 0:
+            raise ValueError(f"claim {self.claim!r}: effect (the size the test must see) must be > 0")
 
     def comparison(self, first: tuple[str, str] | None = None, second: tuple[str, str] | None = None) -> str:
         """The comparison with its columns, e.g. ```std` - `no_std` in `adv_share_level0```."""

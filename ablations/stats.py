@@ -34,6 +34,12 @@ T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 
 T_80 = {1: 1.376, 2: 1.061, 3: 0.978, 4: 0.941, 5: 0.920, 6: 0.906, 7: 0.896, 8: 0.889, 9: 0.883}
 
 
+# One-sided t_{0.95, df} and t_{0.90, df}: the equivalence test (TOST, two one-sided tests at 5%)
+# and its power (80% for both one-sided tests together at a true difference of 0).
+T_95 = {1: 6.314, 2: 2.920, 3: 2.353, 4: 2.132, 5: 2.015, 6: 1.943, 7: 1.895, 8: 1.860, 9: 1.833}
+T_90 = {1: 3.078, 2: 1.886, 3: 1.638, 4: 1.533, 5: 1.476, 6: 1.440, 7: 1.415, 8: 1.397, 9: 1.383}
+
+
 def as_float(value) -> float:
     """JSON null, strings and missing values become NaN so every statistic can be nan-aware."""
     if isinstance(value, bool):
@@ -62,6 +68,16 @@ def t_quantile_975(df: int) -> float:
 def t_quantile_80(df: int) -> float:
     """t_{0.80, df}: the quantile for 80% power in `paired_difference`'s detectable size."""
     return _t_quantile(0.841621, T_80, df)
+
+
+def t_quantile_95(df: int) -> float:
+    """t_{0.95, df}: the one-sided 5% quantile (each test of TOST, and a non-inferiority test)."""
+    return _t_quantile(1.644854, T_95, df)
+
+
+def t_quantile_90(df: int) -> float:
+    """t_{0.90, df}: with `t_quantile_95`, the size TOST shows with 80% power at a true difference of 0."""
+    return _t_quantile(1.281552, T_90, df)
 
 
 def t_two_sided_p(t: float, df: int) -> float:

@@ -1,0 +1,148 @@
+"""``python -m ablations power``: how many seeds each registered claim's test needs.
+
+A claim is registered with a quantity, a direction and seeds. Whether those seeds can decide
+it depends on the size the test must see and on the noise of the quantity, so each claim also
+states a size (`Claim.effect` with `Claim.effect_basis`: the effect its source reports, or a
+stated smallest effect of interest; for a claim with a `margin`, the margin), and this module
+computes, from a pilot (the claim's own committed runs), the fewest seeds that see that size
+with 80% power:
+
+    directed, two-sided t test at 5%:        (t_0.975 + t_0.80) * sd / sqrt(n) <= effect
+    no difference, TOST at 5% on each side:  (t_0.95 + t_0.90) * sd / sqrt(n) <= margin
+    non-inferiority, one-sided at 5%:        (t_0.95 + t_0.80) * sd / sqrt(n) <= margin
+
+where sd is the seed-to-seed sd of the paired difference ``first - second`` in the pilot
+and t has n - 1 degrees of freedom. The equivalence and non-inferiority sizes assume a true
+difference of 0, the case those claims assert. A claim whose seeds exceed `SEED_BUDGET`
+cannot be decided on the CPU testbed in the budget of a rerun: its row says so, and it is not
+a "not detected" waiting for more seeds.
+
+Worked example (directed): sd 0.02, effect 0.025: 7 seeds detect (2.447 + 0.906) * 0.02 /
+sqrt(7) = 0.0253, 8 seeds 0.0231: 8 seeds. (Equivalence): sd 0.03, margin 0.03: 10 seeds
+give (1.833 + 1.383) * 0.03 / sqrt(10) = 0.0305, 11 give 0.0288: 11 seeds.
+
+The pilot sd is an estimate from few seeds (5 for most claims): the seeds it asks for are a
+plan, and the verdict is still the registered test's on the rerun's own data.
+
+    python -m ablations power [RESULTS] [--update docs/results.md]
+
+RESULTS defaults to the committed ``docs/results/data/results.csv``; ``--update`` rewrites
+the ``generated:power`` block of the file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from .definitions import Claim
+from .stats import t_quantile_80, t_quantile_90, t_quantile_95, t_quantile_975
+
+SEED_BUDGET = 20  # the most seeds per arm a claim's rerun may take on the 2-core testbed
+DEFAULT_RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "data" / "results.csv"
+
+
+def test_kind(claim: Claim) -> str:
+    """``directed``, ``equivalence`` (no difference, with a margin, or an `effect` proposed
+    as the margin of its rerun), ``non-inferiority`` (directed, with a margin) or ``no margin``
+    (no difference and no size: no test can show it)."""
+    if claim.direction == 0:
+        return "equivalence" if claim.margin is not None or claim.effect is not None else "no margin"
+    return "non-inferiority" if claim.margin is not None else "directed"
+
+
+def visible_size(kind: str, sd: float, seeds: int) -> float:
+    """The size `seeds` seeds see with 80% power, for the test `kind` (module docstring)."""
+    if seeds < 2 or not math.isfinite(sd):
+        return float("nan")
+    df = seeds - 1
+    factor = {"directed": t_quantile_975(df) + t_quantile_80(df),
+              "equivalence": t_quantile_95(df) + t_quantile_90(df),
+              "non-inferiority": t_quantile_95(df) + t_quantile_80(df)}[kind]
+    return factor * sd / math.sqrt(seeds)
+
+
+def seeds_for(kind: str, sd: float, size: float, most: int = 200) -> int | None:
+    """The fewest seeds (at least 3) that see `size` with 80% power; None above `most`."""
+    if not (math.isfinite(sd) and size > 0) or kind == "no margin":
+        return None
+    if sd == 0:
+        return 3
+    for seeds in range(3, most + 1):
+        if visible_size(kind, sd, seeds) <= size:
+            return seeds
+    return None
+
+
+def claim_power(claim: Claim, rows: Sequence[dict]) -> dict:
+    """The power analysis of one claim on the pilot `rows` (keys: kind, size, basis, sd,
+    pilot_pairs, seeds, decidable)."""
+    from .claims import _test
+
+    kind = test_kind(claim)
+    size = claim.margin if claim.margin is not None else claim.effect
+    pilot = _test(claim, rows, claim.first, claim.second, claim.seeds)
+    sd = pilot.get("sd", float("nan")) if pilot["n"] >= 2 else float("nan")
+    seeds = seeds_for(kind, sd, size) if size is not None else None
+    return {"kind": kind, "size": size, "basis": claim.effect_basis,
+            "sd": sd, "pilot_pairs": pilot["n"], "seeds": seeds,
+            "decidable": seeds is not None and seeds <= SEED_BUDGET}
+
+
+def _fmt(value) -> str:
+    if value is None or not math.isfinite(value):
+        return "n/a"
+    return f"{value:.3g}"
+
+
+def markdown(rows: Sequence[dict], claims: Sequence[Claim]) -> str:
+    """The power table: one line per claim."""
+    lines = ["| claim | quantity | test | size to see (basis) | pilot sd of the paired difference (pairs) | "
+             f"seeds for 80% power | decidable within {SEED_BUDGET} seeds |", "|---|---|---|---|---|---|---|"]
+    for claim in claims:
+        p = claim_power(claim, rows)
+        size = "none registered" if p["size"] is None else f"{_fmt(p['size'])} ({p['basis'] or 'no basis given'})"
+        seeds = "-" if p["seeds"] is None else str(p["seeds"])
+        if p["kind"] == "no margin":
+            decision = "no: a claim of no difference needs a margin"
+        elif p["size"] is None:
+            decision = "no: no size registered"
+        elif p["seeds"] is None:
+            seeds, decision = "over 200", "no: left out of the verdicts"
+        else:
+            decision = "yes" if p["decidable"] else "no: left out of the verdicts"
+        text = claim.claim.replace("|", "\\|")
+        lines.append(f"| {text} | `{claim.ablation}`: {claim.comparison()} | {p['kind']} | {size} | "
+                     f"{_fmt(p['sd'])} ({p['pilot_pairs']}) | {seeds} | {decision} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from .claims import CLAIMS, read_results
+    from .doc_blocks import replace_block
+
+    parser = argparse.ArgumentParser(prog="python -m ablations power", description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", nargs="?", default=str(DEFAULT_RESULTS),
+                        help="the pilot: a sweep directory or its results.csv (default: the committed claims data)")
+    parser.add_argument("--update", metavar="MARKDOWN", help="rewrite the generated:power block of this file")
+    args = parser.parse_args(argv)
+    try:
+        rows = read_results(args.results)
+    except (OSError, ValueError) as error:
+        print(f"ablations power: {error}", file=sys.stderr)
+        return 2
+    table = markdown(rows, CLAIMS)
+    if args.update:
+        path = Path(args.update)
+        path.write_text(replace_block(path.read_text(), "power", table))
+        print(f"updated the power block of {path}")
+    else:
+        print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

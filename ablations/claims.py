@@ -515,6 +515,11 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
     return tables
 
 
+# Generated blocks another command writes (left alone by --update here, and named when skipped).
+OTHER_COMMANDS_BLOCKS = {"reward_model": "python -m ppo.tasks.rlhf describe --update FILE",
+                         "feedback_methods": "python -m ppo.tasks.feedback_methods table DIR --update FILE"}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ablations claims", description=__doc__.split("\n\n")[0])
     parser.add_argument("results", help="a sweep directory or its results.csv")
@@ -532,7 +537,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = Path(args.update)
     text = path.read_text()
     try:
-        tables = generated_tables(rows, block_names(text), specs)
+        names = block_names(text)
+        tables = generated_tables(rows, [name for name in names if name not in OTHER_COMMANDS_BLOCKS], specs)
         for name, content in tables.items():
             text = replace_block(text, name, content)
     except ValueError as error:
@@ -540,6 +546,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     path.write_text(text)
     print(f"updated {len(tables)} generated blocks of {path}: {', '.join(tables)}")
+    for name in (name for name in names if name in OTHER_COMMANDS_BLOCKS):
+        print(f"left {name} alone: {OTHER_COMMANDS_BLOCKS[name]} writes it")
     return 0
 
 

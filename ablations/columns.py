@@ -21,5 +21,5 @@ RUN_COLUMNS = (
 # Training-metric columns that are last-10% means of the metrics.jsonl key of the same name.
 TAIL_COLUMNS = ("reward", "kl", "kl_k1", "entropy", "response_length_correct", "response_length_incorrect")
 # Non-numeric per-run columns: never averaged over seeds.
-TEXT_COLUMNS = ("ablation", "variant", "seed", "status", "error", "path", "metric", "reused_from") + tuple(
+TEXT_COLUMNS = ("ablation", "variant", "seed", "status", "error", "path", "metric", "reused_from", "warnings") + tuple(
     f"prov_{name}" for name in PROVENANCE_FIELDS)

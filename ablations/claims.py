@@ -458,7 +458,6 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
     ``glance:DIR`` (the at-a-glance lines of the sweep committed in docs/results/DIR/),
     ``claims:DIR`` (the claims stored with that sweep's definitions, ``DIR/<ablation>/ablation.yaml``,
     tested on its runs),
-    ``power`` (each claim's power analysis, `ablations.power`, with `rows` as the pilot),
     ``gains:DIR`` (each variant's gain over its start in that sweep), ``extras:DIR`` (each
     variant's metric and extra metrics in that sweep, at the end and over the run), ``starts:DIR`` (the spread
     of its runs' start evaluations), ``budget:DIR`` (the thinking-budget curve in
@@ -482,10 +481,6 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
             from .report_tables import gains_table
 
             tables[name] = gains_table(read_results(RESULTS_DIR / name.split(":", 1)[1] / "results.csv"))
-        elif name == "power":  # each claim's power analysis, the committed data as its pilot
-            from .power import markdown as power_table
-
-            tables[name] = power_table(rows, CLAIMS)
         elif name.startswith("extras:"):  # each variant's metric and extra metrics, docs/results/DIR/results.csv
             from .report_tables import extras_table
 
@@ -510,13 +505,14 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
             tables[name] = paired_against(rows, ablation, base, specs)
         else:
             raise ValueError(f"unknown generated block {name!r} (claims, glance, table:ABLATION, "
-                             "pairs:ABLATION:VARIANT, power, glance:DIR, claims:DIR, gains:DIR, extras:DIR, starts:DIR, budget:DIR, "
+                             "pairs:ABLATION:VARIANT, glance:DIR, claims:DIR, gains:DIR, extras:DIR, starts:DIR, budget:DIR, "
                              "noise:NAME or aa:NAME)")
     return tables
 
 
 # Generated blocks another command writes (left alone by --update here, and named when skipped).
-OTHER_COMMANDS_BLOCKS = {"reward_model": "python -m ppo.tasks.rlhf describe --update FILE",
+OTHER_COMMANDS_BLOCKS = {"power": "python -m ablations power --update FILE",
+                         "reward_model": "python -m ppo.tasks.rlhf describe --update FILE",
                          "feedback_methods": "python -m ppo.tasks.feedback_methods table DIR --update FILE"}
 
 

@@ -231,7 +231,12 @@ def main(argv: list[str] | None = None) -> int:
     shutil.copyfile(sweep_dir / "results.csv", args.data)
     copy_report(sweep_dir, Path(args.report_dir))
     print(f"\ncopied {sweep_dir / 'results.csv'} -> {args.data}, its report -> {args.report_dir}")
-    return claims.main([args.data, "--update", args.doc])
+    status = claims.main([args.data, "--update", args.doc])
+    if status == 0 and "power" in claims.block_names(Path(args.doc).read_text()):
+        from . import power
+
+        status = power.main([args.data, "--update", args.doc])  # the new runs are the next pilot
+    return status
 
 
 if __name__ == "__main__":

@@ -209,7 +209,8 @@ def test_failed_run_is_recorded_and_the_rest_complete(tmp_path, tiny_model_dir, 
     from ppo.run import provenance
     from ppo.models import sft
     row = next(r for r in collect_runs(sweep) if r["variant"] == "b")
-    assert all(row[f"prov_{name}"] != "" for name in provenance.FIELDS), row
+    assert all(row[f"prov_{name}"] != "" for name in provenance.FIELDS if name != "reward_model"), row
+    assert row["prov_reward_model"] == ""  # no reward model scores this run
     assert row["prov_warm_start"] == sft.weights_sha256(tiny_model_dir)[:16]
     assert row["prov_threads"] == yaml.safe_load((good / "config.yaml").read_text())["threads"]
 

@@ -28,6 +28,8 @@ built-ins are) and sweeps it. A file::
         quantity: kl_k1                # a results.csv column, the metric or an extra metric
         direction: larger              # larger, smaller, or equal (then `margin` may be given)
         seeds: [1, 2, 3]               # default: 1 .. seeds
+        effect: 0.1                    # optional: the size the test must see (python -m ablations power)
+        effect_basis: stated           # optional: where that size comes from
 
 ``variants`` or ``grid`` (or both) must give at least two variants. A variant's fields may
 include ``preset``; ``seed``, ``output_dir`` and ``progress`` belong to the sweep and
@@ -66,7 +68,8 @@ DEFINITION_FILE = "ablation.yaml"  # SWEEP_DIR/<ablation>/ablation.yaml
 
 FIELDS = ("name", "question", "preset", "testbed", "base", "metric", "extra_metrics", "seeds", "steps",
           "overrides", "variants", "grid", "claims")
-CLAIM_FIELDS = ("claim", "first", "second", "quantity", "direction", "margin", "seeds", "source", "family")
+CLAIM_FIELDS = ("claim", "first", "second", "quantity", "direction", "margin", "seeds", "source", "family", "effect",
+                "effect_basis")
 DIRECTIONS = {"larger": 1, "smaller": -1, "equal": 0, 1: 1, -1: -1, 0: 0}
 # Config fields the sweep sets for every run: a variant setting them would be overwritten.
 SWEEP_FIELDS = {"seed": "the sweep gives every run its seed (1 .. seeds)",
@@ -348,11 +351,16 @@ def _claims(section: Any, ablation: dict, fail) -> tuple:
         margin = entry.get("margin")
         if margin is not None and (isinstance(margin, bool) or not isinstance(margin, (int, float))):
             raise fail(f"{where}.margin: a number (got {margin!r})")
+        effect = entry.get("effect")
+        if effect is not None and (isinstance(effect, bool) or not isinstance(effect, (int, float))):
+            raise fail(f"{where}.effect: a number, the size the test must see (got {effect!r})")
         try:
             claims.append(Claim(str(entry["claim"]), str(entry.get("source", f"ablation {ablation['name']}")),
                                 ablation["name"], (pair[0], column), (pair[1], column), DIRECTIONS[direction],
                                 quantity, tuple(seeds), str(entry.get("family", "")),
-                                None if margin is None else float(margin)))
+                                None if margin is None else float(margin),
+                                effect=None if effect is None else float(effect),
+                                effect_basis=str(entry.get("effect_basis", ""))))
         except ValueError as error:
             raise fail(f"{where}: {error}") from None
     return tuple(claims)
@@ -400,6 +408,10 @@ def _claim_entry(claim, metric: str) -> dict:
         entry["family"] = claim.family
     if claim.margin is not None:
         entry["margin"] = claim.margin
+    if claim.effect is not None:
+        entry["effect"] = claim.effect
+    if claim.effect_basis:
+        entry["effect_basis"] = claim.effect_basis
     return entry
 
 

@@ -26,8 +26,10 @@ plan, and the verdict is still the registered test's on the rerun's own data.
 
     python -m ablations power [RESULTS] [--update docs/results.md]
 
-RESULTS defaults to the committed ``docs/results/data/results.csv``; ``--update`` rewrites
-the ``generated:power`` block of the file.
+RESULTS defaults to the committed ``docs/results/data/results.csv``, tested on the registered
+`CLAIMS`; a sweep directory brings the claims stored with its ablations' definitions too (an
+ablation file's ``claims:``, each with its own ``effect`` / ``effect_basis`` or ``margin``).
+``--update`` rewrites the ``generated:power`` block of the file.
 """
 
 from __future__ import annotations
@@ -121,7 +123,7 @@ def markdown(rows: Sequence[dict], claims: Sequence[Claim]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .claims import CLAIMS, read_results
+    from .claims import CLAIMS, read_results, sweep_claims, sweep_specs
     from .doc_blocks import replace_block
 
     parser = argparse.ArgumentParser(prog="python -m ablations power", description=__doc__.split("\n\n")[0])
@@ -131,10 +133,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         rows = read_results(args.results)
+        specs = sweep_specs(args.results, (r["ablation"] for r in rows))
     except (OSError, ValueError) as error:
         print(f"ablations power: {error}", file=sys.stderr)
         return 2
-    table = markdown(rows, CLAIMS)
+    # The claims as registered now (the registration a rerun will test) for the registry's
+    # ablations; an ablation file's claims as stored with its sweep.
+    from .registry import ABLATIONS
+
+    chosen = list(CLAIMS) + [claim for claim in sweep_claims(specs) if claim.ablation not in ABLATIONS]
+    chosen += [claim for name in specs if name in ABLATIONS for claim in ABLATIONS[name].claims]
+    present = {r["ablation"] for r in rows}
+    table = markdown(rows, [claim for claim in dict.fromkeys(chosen) if claim.ablation in present])
     if args.update:
         path = Path(args.update)
         path.write_text(replace_block(path.read_text(), "power", table))

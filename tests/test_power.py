@@ -81,11 +81,32 @@ def test_a_claim_effect_must_be_positive():
 
 def test_every_registered_claim_states_a_size_and_its_basis():
     from ablations.claims import CLAIMS
+    from ablations.registry import ABLATIONS
 
-    missing = [c.claim for c in CLAIMS if (c.margin is None and c.effect is None) or not c.effect_basis]
+    registered = list(CLAIMS) + [c for ablation in ABLATIONS.values() for c in ablation.claims]
+    missing = [c.claim for c in registered if (c.margin is None and c.effect is None) or not c.effect_basis]
     assert not missing, f"claims without a size for their power analysis: {missing}"
 
 
 def test_power_cli_refuses_a_missing_file(tmp_path, capsys):
     assert power.main([str(tmp_path / "none.csv")]) == 2
     assert "ablations power" in capsys.readouterr().err
+
+
+def test_an_ablation_files_claim_carries_its_effect_through_the_stored_definition(tmp_path):
+    """`effect` / `effect_basis` of an ablation file's claim survive the definition a sweep
+    stores, so `python -m ablations power` on that sweep plans with the file's own size."""
+    from ablations.ablation_files import load_ablation_file, read_stored, store_definitions
+
+    path = tmp_path / "mine.yaml"
+    path.write_text("name: mine\nquestion: Does b drift less?\npreset: grpo\nmetric: kl_k1\nvariants:\n  a: {}\n  b: {kl_coef: 0.05}\n"
+                    "claims:\n  - claim: b drifts less.\n    first: b\n    quantity: kl_k1\n"
+                    "    direction: smaller\n    effect: 0.2\n    effect_basis: stated\n")
+    ablation = load_ablation_file(path)
+    assert ablation.claims[0].effect == 0.2 and ablation.claims[0].effect_basis == "stated"
+    store_definitions(tmp_path / "sweep", [ablation])
+    stored = read_stored(tmp_path / "sweep", "mine")
+    assert stored.claims[0].effect == 0.2 and stored.claims[0].effect_basis == "stated"
+    path.write_text(path.read_text().replace("effect: 0.2", "effect: big"))
+    with pytest.raises(ValueError, match="effect"):
+        load_ablation_file(path)

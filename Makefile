@@ -8,7 +8,8 @@ PY := $(VENV)/bin/python
 # pull a multi-GB CUDA build. The package itself only asks for a range (setup.cfg).
 TORCH_PIN ?= torch==2.13.0
 PYTEST_ARGS ?=
-# The suite runs in one pytest process per core (pytest-xdist), each with one torch thread.
+# The suite runs in one pytest process per core (pytest-xdist), each with one torch thread; the
+# tests that launch two processes run on one worker (tests/conftest.py, MULTIPROCESS_FILES).
 TEST_WORKERS ?= auto
 # vLLM's CPU build pins a transformers older than the main environment's: the vLLM backend's
 # tests (tests/vllm) run in an environment of their own.
@@ -62,7 +63,7 @@ demo-2proc-fsdp: $(VENV)/.installed
 		--preset alpacafarm --testbed --device cpu --threads 1 --output-dir runs/af_fsdp_2proc
 
 test: $(VENV)/.installed-extras $(VLLM_VENV)/.installed
-	PPO_TEST_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) $(PYTEST_ARGS)
+	PPO_TEST_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 	$(VLLM_PY) -m pytest -q -m "vllm and not slow" tests/vllm $(PYTEST_ARGS)
 
 test-all: $(VENV)/.installed-extras $(VLLM_VENV)/.installed

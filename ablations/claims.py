@@ -163,6 +163,13 @@ def read_results(source: str | Path) -> list[dict]:
     return rows
 
 
+def read_sweep(source: str | Path) -> tuple[list[dict], dict[str, AblationSpec]]:
+    """A sweep's rows and the definitions its ablations were run with (`sweep_specs`); raises
+    `FileNotFoundError` or `ValueError` naming the file for a missing or malformed source."""
+    rows = read_results(source)
+    return rows, sweep_specs(source, (r["ablation"] for r in rows))
+
+
 def sweep_claims(specs: dict[str, AblationSpec] | None = None) -> tuple[Claim, ...]:
     """The claims a sweep is tested on: the registered `CLAIMS`, then the claims stored with
     the definitions of its ablations (an ablation file's `claims:`)."""
@@ -522,8 +529,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--update", metavar="MARKDOWN", help="rewrite the generated blocks of this file")
     args = parser.parse_args(argv)
     try:
-        rows = read_results(args.results)
-        specs = sweep_specs(args.results, (r["ablation"] for r in rows))
+        rows, specs = read_sweep(args.results)
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -123,7 +123,7 @@ def markdown(rows: Sequence[dict], claims: Sequence[Claim]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from .claims import CLAIMS, read_results, sweep_claims, sweep_specs
+    from .claims import CLAIMS, read_sweep, sweep_claims
     from .doc_blocks import replace_block
 
     parser = argparse.ArgumentParser(prog="python -m ablations power", description=__doc__.split("\n\n")[0])
@@ -132,8 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--update", metavar="MARKDOWN", help="rewrite the generated:power block of this file")
     args = parser.parse_args(argv)
     try:
-        rows = read_results(args.results)
-        specs = sweep_specs(args.results, (r["ablation"] for r in rows))
+        rows, specs = read_sweep(args.results)
     except (OSError, ValueError) as error:
         print(f"ablations power: {error}", file=sys.stderr)
         return 2

@@ -109,13 +109,13 @@ def pooled_provenance(rows: Sequence[dict], allow_mixed: bool = False) -> str:
             f"{listed}. Rerun the older runs on one commit (delete their directories and run the sweep again), "
             "or pass --allow-mixed to pool them anyway (the report then says so)")
     dirty = sum(str(r.get("prov_dirty", "")) == "True" for r in ok)
+    reward_models = sorted({str(r.get("prov_reward_model", "")) for r in ok} - {""})  # none for a verifiable task
     line = (f"Pooled {len(ok)} ok runs: commit {', '.join(c[:12] for c in values('prov_commit'))}"
             + (f" ({dirty} with uncommitted changes)" if dirty else "")
             + f"; warm start {', '.join(values('prov_warm_start'))}; torch {', '.join(values('prov_torch'))}, "
             f"transformers {', '.join(values('prov_transformers'))}; threads {', '.join(values('prov_threads'))}; "
             f"CPU {', '.join(values('prov_cpu'))}"
-            + (f"; reward model {', '.join(rm)}" if (rm := sorted({str(r.get('prov_reward_model', '')) for r in ok} - {''}))
-               else "") + ".")
+            + (f"; reward model {', '.join(reward_models)}" if reward_models else "") + ".")
     return ("MIXED PROVENANCE (pooled with --allow-mixed). " + line) if mixed else line
 
 

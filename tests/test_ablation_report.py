@@ -197,6 +197,10 @@ def test_registry_metric_extras_and_variant_order(sweep, monkeypatch):
             variants=[types.SimpleNamespace(name="beta"), types.SimpleNamespace(name="alpha")],
             metric="advantage_abs_mean", extra_metrics=("vf_loss", "zero_advantage_group_frac"))
 
+    # The stored-definition reader imports the real registry's types: load it before the fake
+    # registry replaces the module (alone in a fresh process it would otherwise import the fake).
+    import ablations.ablation_files  # noqa: F401
+
     monkeypatch.setitem(sys.modules, "ablations.registry", types.SimpleNamespace(get_ablation=get_ablation))
     text = report.build_report(sweep).read_text()
     assert "Does the critic help?" in text

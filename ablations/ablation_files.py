@@ -30,6 +30,7 @@ built-ins are) and sweeps it. A file::
         seeds: [1, 2, 3]               # default: 1 .. seeds
         effect: 0.1                    # optional: the size the test must see (python -m ablations power)
         effect_basis: stated           # optional: where that size comes from
+        seeds_basis: pilot sd 0.05     # optional: why these seeds (python -m ablations power's answer)
 
 ``variants`` or ``grid`` (or both) must give at least two variants. A variant's fields may
 include ``preset``; ``seed``, ``output_dir`` and ``progress`` belong to the sweep and
@@ -69,7 +70,7 @@ DEFINITION_FILE = "ablation.yaml"  # SWEEP_DIR/<ablation>/ablation.yaml
 FIELDS = ("name", "question", "preset", "testbed", "base", "metric", "extra_metrics", "seeds", "steps",
           "overrides", "variants", "grid", "claims")
 CLAIM_FIELDS = ("claim", "first", "second", "quantity", "direction", "margin", "seeds", "source", "family", "effect",
-                "effect_basis")
+                "effect_basis", "seeds_basis")
 DIRECTIONS = {"larger": 1, "smaller": -1, "equal": 0, 1: 1, -1: -1, 0: 0}
 # Config fields the sweep sets for every run: a variant setting them would be overwritten.
 SWEEP_FIELDS = {"seed": "the sweep gives every run its seed (1 .. seeds)",
@@ -360,7 +361,8 @@ def _claims(section: Any, ablation: dict, fail) -> tuple:
                                 quantity, tuple(seeds), str(entry.get("family", "")),
                                 None if margin is None else float(margin),
                                 effect=None if effect is None else float(effect),
-                                effect_basis=str(entry.get("effect_basis", ""))))
+                                effect_basis=str(entry.get("effect_basis", "")),
+                                seeds_basis=str(entry.get("seeds_basis", ""))))
         except ValueError as error:
             raise fail(f"{where}: {error}") from None
     return tuple(claims)
@@ -412,6 +414,8 @@ def _claim_entry(claim, metric: str) -> dict:
         entry["effect"] = claim.effect
     if claim.effect_basis:
         entry["effect_basis"] = claim.effect_basis
+    if claim.seeds_basis:
+        entry["seeds_basis"] = claim.seeds_basis
     return entry
 
 

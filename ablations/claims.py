@@ -64,80 +64,97 @@ from .variant_comparison import paired_differences, summarise
 
 ACC = "final_sampled_accuracy"
 RESULTS_DIR = Path(__file__).resolve().parent.parent / "docs" / "results"  # the committed sweeps
-REGISTERED_SEEDS = (1, 2, 3, 4, 5)  # every claim below was registered before its 5-seed sweep
+def seeds(n: int) -> tuple[int, ...]:
+    return tuple(range(1, n + 1))
+
+
+# The registration of the powered rerun (python -m ablations reproduce), made before its runs.
+# Each claim's quantity, size and seeds come from `python -m ablations power` on the pilot, the
+# earlier 5-seed claims sweep (docs/results/data/results.csv at 431605f; 10 seeds for the std
+# division; one draw per held-out problem), with the A/A sweep (aa_grpo, 20 pairs, 16 draws) as
+# the second pilot for held-out accuracy (the power module's docstring says why). An ablation
+# runs the most seeds any of its claims needs, at least 5, and each of its claims is tested on all
+# of them. `seeds_basis` records the pilot's answer. The earlier registration (5 seeds, no margins
+# for gamma = lambda = 1 and Kimi's accuracy, the std division on the last 10% of steps) and its
+# amendments are in this file's history.
 CLAIMS: tuple[Claim, ...] = (
     # This replaces "the clamp biases the measured KL upward": clamped KL minus k1 of one run
     # is a mean of max(-k1, 0) >= 0, positive by construction. Whether the clamp changes the
     # KL the policy incurs can fail; the exact KL over the vocabulary measures it noise-free.
+    # The whole-run mean: the KL at the end varied by a nat between seeds (36 seeds needed).
     Claim("Clamping the per-token KL estimate at zero overstates the penalty, so the clamped run stays closer to "
-          "the reference.", "AlpacaFarm's PPO; the course", "kl_clip_at_zero", ("clip", "kl_full"),
-          ("no_clip", "kl_full"), -1, "exact KL to the reference over the vocabulary, nats", REGISTERED_SEEDS, effect=0.5,
-          effect_basis="stated: a quarter of the 1.9 nats both arms reach in 60 steps"),
+          "the reference.", "AlpacaFarm's PPO; the course", "kl_clip_at_zero", ("clip", "kl_full:all"),
+          ("no_clip", "kl_full:all"), -1, "exact KL to the reference over the vocabulary, nats, whole-run mean",
+          seeds(15), effect=0.5, effect_basis="stated: a quarter of the 1.9 nats both arms reach in 60 steps",
+          seeds_basis="pilot sd 0.62 (5 pairs): 15 seeds"),
     Claim("Without the clamp the run blows up (the policy chases negative KL estimates).",
           "AlpacaFarm's PPO; the course", "kl_clip_at_zero", ("no_clip", "kl_k1"), ("clip", "kl_k1"), +1,
-          "true (k1) KL, nats", REGISTERED_SEEDS, effect=1.9,
-          effect_basis="stated: 'blows up' is at least a doubling of the clamped arm's 1.9 nats"),
+          "true (k1) KL, nats", seeds(15), effect=1.9,
+          effect_basis="stated: 'blows up' is at least a doubling of the clamped arm's 1.9 nats",
+          seeds_basis="pilot sd 1.02 (5 pairs): 5 seeds; run at the ablation's 15"),
     Claim("GAE with gamma = lambda = 1 (a bandit: advantage = final reward-to-go minus value) works as well as "
           "the usual discounting.", "AlpacaFarm's PPO; the course", "gamma_lambda", ("g099_l095", ACC),
-          ("g1_l1", ACC), 0, "held-out sampled accuracy", REGISTERED_SEEDS, effect=0.03,
-          effect_basis="margin proposed for the rerun: the margin of the other claims of no difference"),
+          ("g1_l1", ACC), 0, "held-out sampled accuracy", seeds(7), margin=0.03,
+          effect_basis="registered for the powered rerun: the margin of the other claims of no difference",
+          seeds_basis="pilot sd 0.0229 (A/A, 20 pairs; own runs 0.0301): 7 seeds"),
     Claim("Dividing by the group std upweights prompts the model almost always solves (the easiest level).",
-          "Dr. GRPO", "grpo_std_norm", ("std", "adv_share_level0"), ("no_std", "adv_share_level0"), +1,
-          "share of the absolute advantage on level 0, last 10% of steps", REGISTERED_SEEDS, family="std division",
+          "Dr. GRPO", "grpo_std_norm", ("std", "adv_share_level0:all"), ("no_std", "adv_share_level0:all"), +1,
+          "share of the absolute advantage on level 0, whole-run mean", seeds(6), family="std division",
           effect=0.02, effect_basis="stated: a seventh of the level's share (0.14)",
-          amendments=(Amendment(("std", "adv_share_level0:all"), ("no_std", "adv_share_level0:all"),
-                                tuple(range(1, 11)), "quantity changed to the whole-run mean after the claims table "
-                                "was made (de82996); seeds 6-10 added after the 5-seed verdict (37eb660)"),)),
+          seeds_basis="pilot sd 0.0106 (10 pairs): 5 seeds (the share of the last 10% of steps needed 24); run at the ablation's 6"),
     Claim("... and prompts it almost never solves (the hardest level).", "Dr. GRPO", "grpo_std_norm",
-          ("std", "adv_share_level3"), ("no_std", "adv_share_level3"), +1,
-          "share of the absolute advantage on level 3, last 10% of steps", REGISTERED_SEEDS, family="std division",
+          ("std", "adv_share_level3:all"), ("no_std", "adv_share_level3:all"), +1,
+          "share of the absolute advantage on level 3, whole-run mean", seeds(6), family="std division",
           effect=0.02, effect_basis="stated: a fifth of the level's share (0.11)",
-          amendments=(Amendment(("std", "adv_share_level3:all"), ("no_std", "adv_share_level3:all"),
-                                tuple(range(1, 11)), "quantity changed to the whole-run mean after the claims table "
-                                "was made (de82996); seeds 6-10 added after the 5-seed verdict (37eb660)"),)),
+          seeds_basis="pilot sd 0.0136 (10 pairs): 6 seeds; the share of the last 10% of steps needed 20"),
     Claim("GRPO's per-sequence length normalisation makes wrong answers longer than a constant normaliser "
           "(Dr. GRPO) does.", "Dr. GRPO", "length_norm", ("per_sequence", "response_length_incorrect"),
-          ("constant", "response_length_incorrect"), +1, "length of incorrect responses, tokens", REGISTERED_SEEDS,
+          ("constant", "response_length_incorrect"), +1, "length of incorrect responses, tokens", seeds(10),
           family="length normalisation", effect=1.0,
-          effect_basis="stated: one token, 3% of a 33-token wrong answer"),
-    # Registered with the 5-seed rerun at this commit, before its runs: the same claim where
-    # wrong answers have room to grow (weak start, 128-token budget); Holm over both settings.
+          effect_basis="stated: one token, 3% of a 33-token wrong answer",
+          seeds_basis="pilot sd 0.96 (5 pairs): 10 seeds"),
     Claim("... also where wrong answers have room to grow (a weak start, twice the response budget).", "Dr. GRPO",
           "length_norm_room", ("per_sequence", "response_length_incorrect"),
-          ("constant", "response_length_incorrect"), +1, "length of incorrect responses, tokens", REGISTERED_SEEDS,
+          ("constant", "response_length_incorrect"), +1, "length of incorrect responses, tokens", seeds(5),
           family="length normalisation", effect=1.0,
-          effect_basis="stated: one token, 3% of a 30-token wrong answer"),
+          effect_basis="stated: one token, 3% of a 30-token wrong answer",
+          seeds_basis="pilot sd 0.315 (5 pairs): 3 seeds; at least 5"),
     Claim("Difficulty filtering helps: train only on groups some but not all samples solved (resampled, as "
           "DAPO's dynamic sampling).", "Kimi k1.5; DAPO", "difficulty_filter", ("resample", ACC), ("off", ACC), +1,
-          "held-out sampled accuracy", REGISTERED_SEEDS, family="difficulty filtering", effect=0.02,
-          effect_basis="stated: a third of GRPO's 60-step gain (+0.059)"),
+          "held-out sampled accuracy", seeds(6), family="difficulty filtering", effect=0.02,
+          effect_basis="stated: a third of GRPO's 60-step gain (+0.059)",
+          seeds_basis="pilot sd 0.0118 (own runs, 5 pairs): 5 seeds; run at the ablation's 6"),
     Claim("... (filtered groups dropped, the loss renormalised over the rest).", "Kimi k1.5", "difficulty_filter",
-          ("renormalize", ACC), ("off", ACC), +1, "held-out sampled accuracy", REGISTERED_SEEDS,
-          family="difficulty filtering", effect=0.02, effect_basis="stated: a third of GRPO's 60-step gain (+0.059)"),
+          ("renormalize", ACC), ("off", ACC), +1, "held-out sampled accuracy", seeds(6),
+          family="difficulty filtering", effect=0.02, effect_basis="stated: a third of GRPO's 60-step gain (+0.059)",
+          seeds_basis="pilot sd 0.0125 (own runs, 5 pairs): 6 seeds"),
     Claim("Kimi's in-group length reward shortens correct answers ...", "Kimi k1.5", "kimi_length_reward",
           ("on", "response_length_correct"), ("off", "response_length_correct"), -1,
-          "length of correct responses, tokens", REGISTERED_SEEDS, family="kimi length reward", effect=2.0,
-          effect_basis="stated: two tokens, 7% of a 27-token correct answer"),
+          "length of correct responses, tokens", seeds(7), family="kimi length reward", effect=2.0,
+          effect_basis="stated: two tokens, 7% of a 27-token correct answer",
+          seeds_basis="pilot sd 0.996 (5 pairs): 5 seeds; run at the ablation's 7"),
     Claim("... without costing accuracy.", "Kimi k1.5", "kimi_length_reward", ("on", ACC), ("off", ACC), 0,
-          "held-out sampled accuracy", REGISTERED_SEEDS, family="kimi length reward", effect=0.03,
-          effect_basis="margin proposed for the rerun: the margin of the other claims of no difference"),
+          "held-out sampled accuracy", seeds(7), family="kimi length reward", margin=0.03,
+          effect_basis="registered for the powered rerun: the margin of the other claims of no difference",
+          seeds_basis="pilot sd 0.0229 (A/A, 20 pairs; own runs 0.0481): 7 seeds"),
     Claim("Optimising a proxy reward model with little KL penalty lowers the true (gold) reward: "
           "over-optimisation.", "AlpacaFarm; the course", "alpacafarm_overoptimization",
           ("kl_0.0", "metric_value"), ("kl_0.2", "metric_value"), -1, "gold reward at the end (beta 0 vs 0.2)",
-          REGISTERED_SEEDS, effect=0.05, effect_basis="stated: an eighth of the SFT start's gold reward (0.37)"),
-    # The two claims below were registered with the 5-seed rerun at this commit, before its
-    # runs, on clean pairs that differ in the advantage estimator alone (the earlier pairs,
-    # grpo vs ppo_1_step and dr_grpo vs rloo, also changed the KL, whitening, warm-up, loss
-    # aggregation, optimizer and clipping). Margin: 0.03 held-out accuracy, a third of the
-    # gain 60 steps of GRPO made from the warm start in the earlier 5-seed sweep (+0.090).
+          seeds(8), effect=0.05, effect_basis="stated: an eighth of the SFT start's gold reward (0.37)",
+          seeds_basis="pilot sd 0.0409 (5 pairs): 8 seeds"),
+    # The two claims below compare clean pairs that differ in the advantage estimator alone.
+    # Margin: 0.03 held-out accuracy, a third of the gain 60 steps of GRPO made from the warm
+    # start in the 5-seed sweep before the first registration (+0.090).
     Claim("GRPO needs no value model: it learns as well as with a learned critic and GAE, at equal samples and "
           "optimizer steps.", "DeepSeekMath; the course", "ppo_vs_grpo", ("grpo", ACC), ("grpo_critic", ACC), 0,
-          "held-out sampled accuracy", REGISTERED_SEEDS, margin=0.03,
-          effect_basis="registered: a third of GRPO's 60-step gain in the earlier sweep (+0.090)"),
+          "held-out sampled accuracy", seeds(7), margin=0.03,
+          effect_basis="registered: a third of GRPO's 60-step gain in the earlier sweep (+0.090)",
+          seeds_basis="pilot sd 0.0229 (A/A, 20 pairs; own runs 0.0484): 7 seeds"),
     Claim("Dr. GRPO and RLOO are the same algorithm up to a constant scale G/(G-1) of the advantage, which Adam "
           "cancels.", "Dr. GRPO; the course", "ppo_vs_grpo", ("dr_grpo", ACC), ("dr_grpo_rloo", ACC), 0,
-          "held-out sampled accuracy", REGISTERED_SEEDS, margin=0.03,
-          effect_basis="registered: a third of GRPO's 60-step gain in the earlier sweep (+0.090)"),
+          "held-out sampled accuracy", seeds(7), margin=0.03,
+          effect_basis="registered: a third of GRPO's 60-step gain in the earlier sweep (+0.090)",
+          seeds_basis="pilot sd 0.0228 (own runs, 5 pairs): 7 seeds"),
 )
 
 

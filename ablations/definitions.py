@@ -156,7 +156,8 @@ class Claim:
     column's units, and `effect_basis` where that size comes from (the effect the source
     reports, or a stated smallest effect of interest); for a claim with a margin,
     `effect_basis` says why that margin. `ablations.power` turns the size and a pilot's noise
-    into the seeds the test needs.
+    into the seeds the test needs; `seeds_basis` records that reasoning for the registered
+    seeds (which pilot, its sd, the seeds it asked for), written before the runs.
     """
 
     claim: str  # what the course says, in one sentence
@@ -172,6 +173,7 @@ class Claim:
     amendments: tuple[Amendment, ...] = ()
     effect: float | None = None
     effect_basis: str = ""
+    seeds_basis: str = ""
 
     def __post_init__(self):
         if self.direction not in (-1, 0, 1):

@@ -24,6 +24,14 @@ give (1.833 + 1.383) * 0.03 / sqrt(10) = 0.0305, 11 give 0.0288: 11 seeds.
 The pilot sd is an estimate from few seeds (5 for most claims): the seeds it asks for are a
 plan, and the verdict is still the registered test's on the rerun's own data.
 
+Held-out sampled accuracy has a second pilot: the A/A sweep (`ACCURACY_PILOT`, 20 pairs of
+GRPO runs that differ only in the seed, scored with the 16-draw instrument). Two arms that
+share a seed share their start and first samples, so their paired difference varies no more
+than two arms that share nothing (taking the arms' own spreads as alike); and a pilot scored
+with one draw per problem overstates the 16-draw noise. Both are upper bounds, and the smaller
+sd is used, the table naming which.
+
+
     python -m ablations power [RESULTS] [--update docs/results.md]
 
 RESULTS defaults to the committed ``docs/results/data/results.csv``, tested on the registered
@@ -45,6 +53,8 @@ from .stats import t_quantile_80, t_quantile_90, t_quantile_95, t_quantile_975
 
 SEED_BUDGET = 20  # the most seeds per arm a claim's rerun may take on the 2-core testbed
 DEFAULT_RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "data" / "results.csv"
+ACCURACY_PILOT = DEFAULT_RESULTS.parent.parent / "aa_grpo" / "results.csv"  # python -m ablations aa grpo
+ACCURACY_COLUMNS = ("final_sampled_accuracy", "late_sampled_accuracy")
 
 
 def test_kind(claim: Claim) -> str:
@@ -79,19 +89,42 @@ def seeds_for(kind: str, sd: float, size: float, most: int = 200) -> int | None:
     return None
 
 
-def claim_power(claim: Claim, rows: Sequence[dict]) -> dict:
+def accuracy_pilot(path: Path = ACCURACY_PILOT) -> dict:
+    """The A/A sweep's paired difference (``b - a``) in each held-out accuracy column: keys
+    sd and n per column; {} when the sweep is not there."""
+    from .claims import read_results
+    from .stats import paired_difference
+
+    if not path.is_file():
+        return {}
+    rows = read_results(path)
+    by_arm = {arm: {r["seed"]: r for r in rows if r["variant"] == arm and r["status"] == "ok"} for arm in ("a", "b")}
+    pilot = {}
+    for column in ACCURACY_COLUMNS:
+        stats = paired_difference({s: r.get(column) for s, r in by_arm["a"].items()},
+                                  {s: r.get(column) for s, r in by_arm["b"].items()})
+        if stats["n"] >= 2:
+            pilot[column] = {"sd": stats["sd"], "n": stats["n"]}
+    return pilot
+
+
+def claim_power(claim: Claim, rows: Sequence[dict], aa: dict | None = None) -> dict:
     """The power analysis of one claim on the pilot `rows` (keys: kind, size, basis, sd,
-    pilot_pairs, seeds, decidable)."""
+    pilot_pairs, pilot, seeds, decidable); for held-out accuracy, `aa` (`accuracy_pilot`) is
+    the second pilot, used where its sd is the smaller (module docstring)."""
     from .claims import _test
 
     kind = test_kind(claim)
     size = claim.margin if claim.margin is not None else claim.effect
-    pilot = _test(claim, rows, claim.first, claim.second, claim.seeds)
-    sd = pilot.get("sd", float("nan")) if pilot["n"] >= 2 else float("nan")
+    own = _test(claim, rows, claim.first, claim.second, None)  # every seed of the pilot
+    sd = own.get("sd", float("nan")) if own["n"] >= 2 else float("nan")
+    pairs, pilot = own["n"], "own runs"
+    second = (aa or {}).get(claim.first[1]) if claim.first[1] == claim.second[1] else None
+    if second is not None and not (math.isfinite(sd) and sd <= second["sd"]):
+        sd, pairs, pilot = second["sd"], second["n"], "A/A sweep"
     seeds = seeds_for(kind, sd, size) if size is not None else None
-    return {"kind": kind, "size": size, "basis": claim.effect_basis,
-            "sd": sd, "pilot_pairs": pilot["n"], "seeds": seeds,
-            "decidable": seeds is not None and seeds <= SEED_BUDGET}
+    return {"kind": kind, "size": size, "basis": claim.effect_basis, "sd": sd, "pilot_pairs": pairs,
+            "pilot": pilot, "seeds": seeds, "decidable": seeds is not None and seeds <= SEED_BUDGET}
 
 
 def _fmt(value) -> str:
@@ -100,12 +133,12 @@ def _fmt(value) -> str:
     return f"{value:.3g}"
 
 
-def markdown(rows: Sequence[dict], claims: Sequence[Claim]) -> str:
-    """The power table: one line per claim."""
-    lines = ["| claim | quantity | test | size to see (basis) | pilot sd of the paired difference (pairs) | "
+def markdown(rows: Sequence[dict], claims: Sequence[Claim], aa: dict | None = None) -> str:
+    """The power table: one line per claim (`aa`: the held-out accuracy pilot, `accuracy_pilot`)."""
+    lines = ["| claim | quantity | test | size to see (basis) | pilot sd of the paired difference (pairs, pilot) | "
              f"seeds for 80% power | decidable within {SEED_BUDGET} seeds |", "|---|---|---|---|---|---|---|"]
     for claim in claims:
-        p = claim_power(claim, rows)
+        p = claim_power(claim, rows, aa)
         size = "none registered" if p["size"] is None else f"{_fmt(p['size'])} ({p['basis'] or 'no basis given'})"
         seeds = "-" if p["seeds"] is None else str(p["seeds"])
         if p["kind"] == "no margin":
@@ -118,7 +151,7 @@ def markdown(rows: Sequence[dict], claims: Sequence[Claim]) -> str:
             decision = "yes" if p["decidable"] else "no: left out of the verdicts"
         text = claim.claim.replace("|", "\\|")
         lines.append(f"| {text} | `{claim.ablation}`: {claim.comparison()} | {p['kind']} | {size} | "
-                     f"{_fmt(p['sd'])} ({p['pilot_pairs']}) | {seeds} | {decision} |")
+                     f"{_fmt(p['sd'])} ({p['pilot_pairs']}, {p['pilot']}) | {seeds} | {decision} |")
     return "\n".join(lines)
 
 
@@ -143,7 +176,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = list(CLAIMS) + [claim for claim in sweep_claims(specs) if claim.ablation not in ABLATIONS]
     chosen += [claim for name in specs if name in ABLATIONS for claim in ABLATIONS[name].claims]
     present = {r["ablation"] for r in rows}
-    table = markdown(rows, [claim for claim in dict.fromkeys(chosen) if claim.ablation in present])
+    table = markdown(rows, [claim for claim in dict.fromkeys(chosen) if claim.ablation in present], accuracy_pilot())
     if args.update:
         path = Path(args.update)
         path.write_text(replace_block(path.read_text(), "power", table))

@@ -1,25 +1,31 @@
-"""Rebuild docs/results.md from scratch: every sweep behind it, then every generated table.
+"""Rebuild docs/results.md from scratch: every sweep behind its claims, then every generated table.
 
 ``python -m ablations reproduce [--dry-run] [--workers 2] [--out sweeps/results]``
 
-1. Prints the plan (`PLAN`: which ablations, variants and seeds) and its projected time:
-   the runs already complete in the sweep directory cost nothing (the runner skips them), nor
-   do runs identical to another of the plan (copied); each distinct config still to train is
-   built and timed for a few steps (`ablations.estimate`, a minute or two in all).
-   ``--dry-run`` stops here.
+The plan (`PLAN`) is one sweep per ablation of the registered claims (ablations/claims.py), at
+the seeds its claims were registered with. Each step's results are committed on their own, in
+``docs/results/reruns/<ablation>/``, so a rerun that takes several sittings keeps what it has:
+
+1. Prints the plan and its projected time. A step whose committed results already hold every
+   planned run (clean provenance) is done and costs nothing; in the others, runs already
+   complete in the sweep directory cost nothing (the runner skips them), nor do runs identical
+   to another of the plan (copied); each distinct config still to train is built and timed for
+   a few steps (`ablations.estimate`, a minute or two in all). ``--dry-run`` stops here.
 2. Builds the reward model of ``alpacafarm_overoptimization`` if the cache lacks it
    (``python -m ppo.tasks.rlhf build``; before the timing, so its runs are timed too), then runs
-   each step of the plan into one sweep directory (`ablations.runner.run_sweep`: complete
-   runs skipped, identical runs copied, failed ones retried on the next call), and builds
-   that directory's report.
-3. Only when every run is complete: copies the sweep's ``results.csv`` over the committed
-   data and its report and plots to docs/results/reruns/, and rewrites every generated
-   block of docs/results.md from it (``python -m ablations claims DATA --update
-   docs/results.md``). A sweep with failures changes no doc.
+   each step still to do into ``OUT/<ablation>`` (`ablations.runner.run_sweep`: complete runs
+   skipped, identical runs copied, failed ones retried on the next call). A step whose runs
+   all finished gets its report, and its ``results.csv``, report and plots are copied to
+   ``docs/results/reruns/<ablation>/`` (commit them: the next call skips that step).
+3. Only when every step is done: writes the union of the steps' ``results.csv`` over the
+   committed data, the index ``docs/results/reruns/README.md``, and rewrites every generated
+   block of docs/results.md from it (``python -m ablations claims DATA --update docs/results.md``,
+   then the power table with the new runs as the next pilot).
 
 Every run starts from the pinned warm start and records its provenance (commit, warm start,
-library versions, threads, CPU) in ``results.csv``; the report refuses to pool runs of
-different commits unless ``--allow-mixed`` is given, so a partly rerun sweep says so.
+library versions, threads, CPU) in ``results.csv``. A step's report refuses to pool runs of
+different commits unless ``--allow-mixed`` is given; steps committed at different commits are
+different sweeps, each of one commit, which the index lists.
 """
 
 from __future__ import annotations
@@ -35,54 +41,74 @@ from .tables import markdown_table
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "results" / "data" / "results.csv"
 DOC = ROOT / "docs" / "results.md"
-REPORT_DIR = ROOT / "docs" / "results" / "reruns"  # the sweep's report, linked from docs/results.md
+REPORT_DIR = ROOT / "docs" / "results" / "reruns"  # one directory per step, indexed by its README.md
 STEPS = 60  # every run of the plan: 60 steps x 64 samples = 3840 samples
 
 
 @dataclass(frozen=True)
 class SweepStep:
-    """One `run` command of the plan: these ablations (only `variants` and each one's base
-    when given) at seeds 1..`seeds`."""
+    """One `run` command of the plan: `ablation` (only `variants` and its base when given) at
+    seeds 1..`seeds`, into its own sweep directory ``OUT/<ablation>``."""
 
-    ablations: tuple[str, ...]
+    ablation: str
     seeds: int = 5
     variants: tuple[str, ...] | None = None
 
     def command(self, out: str) -> str:
         variants = f" --variants {' '.join(self.variants)}" if self.variants else ""
-        return (f"python -m ablations run {' '.join(self.ablations)}{variants} --seeds {self.seeds} "
-                f"--steps {STEPS} --out {out}")
+        return (f"python -m ablations run {self.ablation}{variants} --seeds {self.seeds} "
+                f"--steps {STEPS} --out {out}/{self.ablation}")
 
 
 # What docs/results.md's generated tables rest on: every arm of every claim of
-# ablations/claims.py with its registered seeds, and amended seeds (tests/test_claims.py
-# checks it); --variants keeps to those arms where an ablation has more. The sweeps of the
-# implementation details have reports of their own, each with its command.
+# ablations/claims.py at the most seeds its claims registered (tests/test_claims.py checks it);
+# --variants keeps to those arms where an ablation has more. Cheapest first, so that a sitting
+# cut short has finished whole steps. The sweeps of the implementation details have reports
+# of their own, each with its command.
 PLAN: tuple[SweepStep, ...] = (
-    SweepStep(("grpo_std_norm",), seeds=10, variants=("no_std",)),  # the amended std-division test: 10 seeds
-    SweepStep(("length_norm", "length_norm_room", "kimi_length_reward", "kl_clip_at_zero")),
-    SweepStep(("ppo_vs_grpo",), variants=("grpo", "dr_grpo", "grpo_critic", "dr_grpo_rloo")),
-    SweepStep(("difficulty_filter",), variants=("renormalize", "resample")),
-    SweepStep(("gamma_lambda",), variants=("g099_l095",)),
-    SweepStep(("alpacafarm_overoptimization",), variants=("kl_0.2",)),
+    SweepStep("grpo_std_norm", seeds=6, variants=("no_std",)),
+    SweepStep("length_norm_room", seeds=5),
+    SweepStep("kimi_length_reward", seeds=7),
+    SweepStep("difficulty_filter", seeds=6, variants=("renormalize", "resample")),
+    SweepStep("gamma_lambda", seeds=7, variants=("g099_l095",)),
+    SweepStep("length_norm", seeds=10),
+    SweepStep("ppo_vs_grpo", seeds=7, variants=("grpo", "dr_grpo", "grpo_critic", "dr_grpo_rloo")),
+    SweepStep("alpacafarm_overoptimization", seeds=8, variants=("kl_0.2",)),
+    SweepStep("kl_clip_at_zero", seeds=15),
 )
+
+
+def step_specs(step: SweepStep, sweep_dir: Path) -> list:
+    """Every run of one step as the runner would make it in ``sweep_dir`` (`RunSpec`s,
+    complete ones marked)."""
+    from .registry import ABLATIONS
+    from .sweep_plan import plan_runs, select_variants
+
+    (ablation,) = select_variants([ABLATIONS[step.ablation]], list(step.variants) if step.variants else None)
+    return plan_runs(ablation, step.seeds, STEPS, sweep_dir)
 
 
 def planned_specs(sweep_dir: Path, plan: tuple[SweepStep, ...] = PLAN) -> list:
     """Every run of the plan as the runner would make it (`RunSpec`s, complete ones marked),
-    each (ablation, variant, seed) once."""
-    from .registry import ABLATIONS
-    from .sweep_plan import plan_runs, select_variants
+    each step in its own ``sweep_dir/<ablation>``."""
+    return [spec for step in plan for spec in step_specs(step, sweep_dir / step.ablation)]
 
-    specs, seen = [], set()
-    for step in plan:
-        for ablation in select_variants([ABLATIONS[name] for name in step.ablations],
-                                        list(step.variants) if step.variants else None):
-            for spec in plan_runs(ablation, step.seeds, STEPS, sweep_dir):
-                if spec.label not in seen:
-                    seen.add(spec.label)
-                    specs.append(spec)
-    return specs
+
+def committed_step(step: SweepStep, report_dir: Path = REPORT_DIR) -> str | None:
+    """Why `step` is done (its committed ``results.csv`` in ``report_dir/<ablation>`` holds every
+    planned run, finished, from a clean commit), else None."""
+    from .claims import read_results
+
+    path = report_dir / step.ablation / "results.csv"
+    if not path.is_file():
+        return None
+    rows = read_results(path)
+    done = {(r["variant"], r["seed"]) for r in rows if r["status"] == "ok" and str(r.get("prov_dirty")) == "False"}
+    planned = {(spec.variant, spec.seed) for spec in step_specs(step, Path("unused"))}
+    if not planned <= done:
+        return None
+    commits = sorted({str(r.get("prov_commit", ""))[:12] for r in rows})
+    return f"{len(planned)} runs committed in {path} (commit {', '.join(commits)})"
 
 
 def projected_seconds(specs: list, threads: int = 1, timed_steps: int = 2) -> list:
@@ -122,14 +148,17 @@ def projected_seconds(specs: list, threads: int = 1, timed_steps: int = 2) -> li
     return estimates
 
 
-def plan_text(specs: list, estimates: list, workers: int, out: str) -> str:
-    """The plan and its projected time, as printed before anything runs."""
-    done = sum(spec.complete for spec in specs)
-    trained = sum(e.runs for e in estimates)
+def plan_text(specs: list, estimates: list, workers: int, out: str, done: dict[str, str] | None = None) -> str:
+    """The plan and its projected time, as printed before anything runs; `done` maps a step's
+    ablation to why it is skipped (`committed_step`)."""
+    done = done or {}
     lines = ["The sweeps behind docs/results.md:", ""]
-    lines += [f"    {step.command(out)}" for step in PLAN]
-    lines += ["", f"{len(specs)} runs: {done} complete, {trained} to train, "
-                  f"{len(specs) - done - trained} to copy from an identical run."]
+    lines += [f"    {step.command(out)}" + (f"    # done: {done[step.ablation]}" if step.ablation in done else "")
+              for step in PLAN]
+    complete = sum(spec.complete for spec in specs)
+    trained = sum(e.runs for e in estimates)
+    lines += ["", f"{len(done)} of {len(PLAN)} steps done; {len(specs)} runs in the others: {complete} complete, "
+                  f"{trained} to train, {len(specs) - complete - trained} to copy from an identical run."]
     if estimates:
         lines += ["", markdown_table(["ablation", "variant", "runs to train", "projected s per run"],
                                      [[e.ablation, e.variant, e.runs, f"{e.run_seconds:.0f}"] for e in estimates])]
@@ -140,12 +169,55 @@ def plan_text(specs: list, estimates: list, workers: int, out: str) -> str:
 
 
 def copy_report(sweep_dir: Path, out: Path) -> None:
-    """The sweep's report.md, paired.csv, summary.csv and plots/ into `out` (same names
-    replaced; nothing else there removed). The per-run data is the committed results.csv."""
+    """The sweep's results.csv, report.md, paired.csv, summary.csv, plots/ and each ablation's
+    stored definition (``<ablation>/ablation.yaml``) into `out` (same names replaced; nothing
+    else there removed)."""
+    from .ablation_files import DEFINITION_FILE
+
     out.mkdir(parents=True, exist_ok=True)
-    for name in ("report.md", "paired.csv", "summary.csv"):
+    for name in ("results.csv", "report.md", "paired.csv", "summary.csv"):
         shutil.copyfile(sweep_dir / name, out / name)
     shutil.copytree(sweep_dir / "plots", out / "plots", dirs_exist_ok=True)
+    for definition in sweep_dir.glob(f"*/{DEFINITION_FILE}"):
+        (out / definition.parent.name).mkdir(exist_ok=True)
+        shutil.copyfile(definition, out / definition.parent.name / DEFINITION_FILE)
+
+
+def merge_results(paths: list[Path], out: Path) -> int:
+    """The rows of every ``results.csv`` in `paths`, in order, as one ``results.csv`` at `out`
+    (the union of their columns, in order of first appearance; a column a file lacks is
+    empty); returns the row count."""
+    import csv
+
+    columns: list[str] = []
+    rows: list[dict] = []
+    for path in paths:
+        with open(path, newline="") as handle:
+            reader = csv.DictReader(handle)
+            columns += [c for c in reader.fieldnames or () if c not in columns]
+            rows += list(reader)
+    with open(out, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=columns, restval="")
+        writer.writeheader()
+        writer.writerows(rows)
+    return len(rows)
+
+
+def index_text(report_dir: Path) -> str:
+    """``docs/results/reruns/README.md``: each step's report with its runs and commit."""
+    from .claims import read_results
+
+    lines = ["# The claims' sweeps", "",
+             "One sweep per ablation of the registered claims (`ablations/claims.py`), written by "
+             "`python -m ablations reproduce`; [results.md](../../results.md) tests the claims on their union, "
+             "[`../data/results.csv`](../data/results.csv).", "",
+             "| ablation | command | runs | commit | report |", "|---|---|---|---|---|"]
+    for step in PLAN:
+        rows = read_results(report_dir / step.ablation / "results.csv")
+        commits = ", ".join(sorted({str(r.get("prov_commit", ""))[:12] for r in rows}))
+        lines.append(f"| `{step.ablation}` | `{step.command('sweeps/results')}` | {len(rows)} | {commits} | "
+                     f"[report]({step.ablation}/report.md) |")
+    return "\n".join(lines) + "\n"
 
 
 def clean_tree_or_override(allow_dirty: bool, report_dir: Path) -> bool:
@@ -198,10 +270,16 @@ def main(argv: list[str] | None = None) -> int:
 
     if not args.dry_run and not is_built(reward_model_path()):  # shipped: built only where not pinned
         build_reward_model(["build"])  # alpacafarm_overoptimization's reward model (cached)
-    sweep_dir = Path(args.out)
-    specs = planned_specs(sweep_dir.absolute())
+    sweep_dir, report_dir = Path(args.out), Path(args.report_dir)
+    try:
+        done = {step.ablation: why for step in PLAN if (why := committed_step(step, report_dir))}
+    except ValueError as error:  # a damaged committed results.csv: named, nothing run
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    todo = [step for step in PLAN if step.ablation not in done]
+    specs = planned_specs(sweep_dir.absolute(), tuple(todo))
     print("Timing each distinct run still to train (a few steps each) ...", flush=True)
-    print(plan_text(specs, projected_seconds(specs, args.threads), args.workers, args.out), flush=True)
+    print(plan_text(specs, projected_seconds(specs, args.threads), args.workers, args.out, done), flush=True)
     if args.dry_run:
         return 0
 
@@ -212,32 +290,34 @@ def main(argv: list[str] | None = None) -> int:
     from .registry import ABLATIONS
 
     failed = []
-    for step in PLAN:
+    for step in todo:
         print(f"\n$ {step.command(args.out)}", flush=True)
-        ablations = select_variants([ABLATIONS[name] for name in step.ablations],
-                                    list(step.variants) if step.variants else None)
-        result = run_sweep(ablations, sweep_dir, seeds=step.seeds, steps=STEPS, workers=args.workers,
+        step_dir = sweep_dir / step.ablation
+        ablations = select_variants([ABLATIONS[step.ablation]], list(step.variants) if step.variants else None)
+        result = run_sweep(ablations, step_dir, seeds=step.seeds, steps=STEPS, workers=args.workers,
                            threads=args.threads)
-        failed += [outcome.spec.label for outcome in result.failed]
+        if result.failed:
+            failed += [outcome.spec.label for outcome in result.failed]
+            continue
+        try:
+            build_report(step_dir, allow_mixed=args.allow_mixed)
+        except MixedProvenanceError as error:
+            print(f"error: {step.ablation}: {error}: not copied", file=sys.stderr)
+            failed.append(step.ablation)
+            continue
+        copy_report(step_dir, report_dir / step.ablation)
+        print(f"copied {step_dir}'s results and report -> {report_dir / step.ablation} (commit it: the next "
+              f"call skips this step)", flush=True)
     if failed:
-        print(f"\n{len(failed)} runs failed ({', '.join(failed)}): docs unchanged. Run the same command again "
-              f"to retry them.", file=sys.stderr)
+        print(f"\n{len(failed)} runs or steps failed ({', '.join(failed)}): their steps are not done and docs are "
+              f"unchanged. Run the same command again to retry them.", file=sys.stderr)
         return 1
-    try:
-        build_report(sweep_dir, allow_mixed=args.allow_mixed)
-    except MixedProvenanceError as error:
-        print(f"error: {error}: docs unchanged", file=sys.stderr)
-        return 1
-    shutil.copyfile(sweep_dir / "results.csv", args.data)
-    copy_report(sweep_dir, Path(args.report_dir))
-    print(f"\ncopied {sweep_dir / 'results.csv'} -> {args.data}, its report -> {args.report_dir}")
+    count = merge_results([report_dir / step.ablation / "results.csv" for step in PLAN], Path(args.data))
+    (report_dir / "README.md").write_text(index_text(report_dir))
+    print(f"\nwrote {count} runs of {len(PLAN)} steps -> {args.data}, their index -> {report_dir / 'README.md'}")
     status = claims.main([args.data, "--update", args.doc])
     if status == 0 and "power" in claims.block_names(Path(args.doc).read_text()):
         from . import power
 
         status = power.main([args.data, "--update", args.doc])  # the new runs are the next pilot
     return status
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -149,9 +149,9 @@ def test_docs_results_tables_are_the_generated_ones():
     for name, content in claims.generated_tables(rows, [n for n in names if n not in claims.OTHER_COMMANDS_BLOCKS]).items():
         assert claims.generated_block(text, name) == content, name
     # The power analysis (python -m ablations power) reads the same committed data as its pilot.
-    from ablations.power import markdown as power_table
+    from ablations.power import accuracy_pilot, markdown as power_table
 
-    assert claims.generated_block(text, "power") == power_table(rows, claims.CLAIMS)
+    assert claims.generated_block(text, "power") == power_table(rows, claims.CLAIMS, accuracy_pilot())
 
 
 def test_cli_update_fills_ablation_table_blocks(tmp_path):
@@ -299,7 +299,8 @@ def test_docs_claims_table_reports_each_registered_quantity():
 
 def test_reproduce_plan_runs_every_arm_of_every_claim_at_its_seeds(tmp_path):
     """`python -m ablations reproduce` regenerates every claim: each registered (and amended)
-    arm is a run of its plan at every registered seed, at >= 5 seeds."""
+    arm is a run of its plan at every registered seed, at >= 5 seeds, and each step runs the
+    most seeds its ablation's claims registered, no more."""
     from ablations import reproduce
 
     planned = {(spec.ablation, spec.variant, spec.seed) for spec in reproduce.planned_specs(tmp_path)}
@@ -310,6 +311,22 @@ def test_reproduce_plan_runs_every_arm_of_every_claim_at_its_seeds(tmp_path):
         for (v1, _), (v2, _), seeds in tests:
             missing = {(registered.ablation, v, s) for v in (v1, v2) for s in seeds} - planned
             assert not missing, (registered.claim, sorted(missing))
+    for step in reproduce.PLAN:
+        registered = [len(c.seeds) for c in claims.CLAIMS if c.ablation == step.ablation]
+        assert registered and step.seeds == max(registered), step.ablation
+    assert len({step.ablation for step in reproduce.PLAN}) == len(reproduce.PLAN)
+
+
+def test_every_claim_registers_the_seeds_its_power_analysis_asked_for():
+    """The registration writes beside each claim the seeds the pilot asked for
+    (`seeds_basis`, "...: N seeds"); the claim runs at least those, within the seed budget."""
+    from ablations.power import SEED_BUDGET
+
+    for registered in claims.CLAIMS:
+        asked = re.search(r"(\d+) seeds", registered.seeds_basis)
+        assert asked, registered.claim
+        assert int(asked.group(1)) <= len(registered.seeds) <= SEED_BUDGET, registered.claim
+        assert registered.margin is not None or registered.direction != 0, registered.claim
 
 
 def test_reproduce_dry_run_prints_the_plan_and_a_projection_without_running(tmp_path, capsys, monkeypatch):
@@ -324,19 +341,31 @@ def test_reproduce_dry_run_prints_the_plan_and_a_projection_without_running(tmp_
         return estimate.RunEstimate(ablation, variant, config.total_steps, 1.0, 0.5, 2.0, 0.1, 3, 1, 0.0, runs)
 
     monkeypatch.setattr(estimate, "time_run", fake_time_run)
-    assert reproduce.main(["--dry-run", "--out", str(tmp_path / "sw")]) == 0
+    assert reproduce.main(["--dry-run", "--out", str(tmp_path / "sw"), "--report-dir", str(tmp_path / "none")]) == 0
     out = capsys.readouterr().out
-    assert "python -m ablations run length_norm length_norm_room" in out and "Projected:" in out
+    assert f"python -m ablations run length_norm_room --seeds 5 --steps 60 --out {tmp_path / 'sw'}/length_norm_room" in out
+    assert "Projected:" in out and f"0 of {len(reproduce.PLAN)} steps done" in out
     assert not (tmp_path / "sw").exists()
     # one timing per distinct config: seeds and copies of identical runs are not timed again
     assert len(timed) == len({(a, v) for a, v, _ in timed})
     assert sum(runs for _, _, runs in timed) < len(reproduce.planned_specs(tmp_path / "sw"))
 
 
-def test_reproduce_after_its_sweeps_reports_copies_and_rewrites_the_doc(tmp_path, capsys, monkeypatch):
-    """The part after the sweeps (here stubbed: run_sweep is tested in test_ablation_runner):
-    a weak-start ablation beside pinned-start ones is reported, not refused; results.csv and
-    the report are copied; the doc's blocks rewritten. Runs of two commits end in one line."""
+def _committed_step(report_dir, ablation, variants, seeds, commit="a" * 40, dirty=False):
+    import csv
+
+    (report_dir / ablation).mkdir(parents=True, exist_ok=True)
+    with open(report_dir / ablation / "results.csv", "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["ablation", "variant", "seed", "status", "final_sampled_accuracy", "prov_commit", "prov_dirty"])
+        writer.writerows([ablation, v, s, "ok", 0.5, commit, dirty] for v in variants for s in seeds)
+
+
+def test_reproduce_runs_each_step_into_its_own_sweep_and_skips_the_committed_ones(tmp_path, capsys, monkeypatch):
+    """The part after the timing (run_sweep stubbed: it is tested in test_ablation_runner): a
+    step whose runs finished is reported and copied to the report directory; a step already
+    committed from a clean commit is skipped; docs change only once every step is done, then
+    from the union of the steps' results."""
     import types
 
     import ppo.run.provenance
@@ -344,26 +373,48 @@ def test_reproduce_after_its_sweeps_reports_copies_and_rewrites_the_doc(tmp_path
     from ablations import estimate, reproduce, runner
     from tests.test_reproducibility import _finished_run
 
-    sweep = tmp_path / "sw"
+    def fake_run_sweep(ablations, out, **kwargs):
+        ran.append(out)
+        failed = [types.SimpleNamespace(spec=types.SimpleNamespace(label=f"{out.name}/constant/seed3"))]
+        return types.SimpleNamespace(failed=failed if out.name == "length_norm" else [])
+
+    plan = (reproduce.SweepStep("length_norm", seeds=3), reproduce.SweepStep("length_norm_room", seeds=3))
+    monkeypatch.setattr(reproduce, "PLAN", plan)
+    sweep, reruns = tmp_path / "sw", tmp_path / "reruns"
     for seed in (1, 2, 3):
-        _finished_run(sweep / "length_norm" / "per_sequence" / f"seed{seed}", "a" * 40, "pinned", 0.5)
-        _finished_run(sweep / "length_norm_room" / "per_sequence" / f"seed{seed}", "a" * 40, "weak", 0.3)
+        for variant in ("per_sequence", "constant"):
+            _finished_run(sweep / "length_norm_room" / "length_norm_room" / variant / f"seed{seed}", "a" * 40,
+                          "weak", 0.3)
+    ran = []
     monkeypatch.setattr(ppo.tasks.rlhf, "is_built", lambda path: True)
     monkeypatch.setattr(estimate, "time_run", lambda ablation, variant, config, runs, *a:
                         estimate.RunEstimate(ablation, variant, 1, 1.0, 0.5, 2.0, 0.1, 3, 1, 0.0, runs))
-    monkeypatch.setattr(runner, "run_sweep", lambda *a, **k: types.SimpleNamespace(failed=[]))
+    monkeypatch.setattr(runner, "run_sweep", fake_run_sweep)
     monkeypatch.setattr(ppo.run.provenance, "source_version", lambda: ("c" * 40, False))
     doc = tmp_path / "results.md"
     doc.write_text("<!-- generated:glance -->\n<!-- /generated:glance -->\n")
-    args = ["--out", str(sweep), "--data", str(tmp_path / "data.csv"), "--doc", str(doc),
-            "--report-dir", str(tmp_path / "reruns")]
+    args = ["--out", str(sweep), "--data", str(tmp_path / "data.csv"), "--doc", str(doc), "--report-dir", str(reruns)]
+    _committed_step(reruns, "length_norm", ("per_sequence", "constant"), (1, 2), dirty=False)  # seed 3 missing
+    assert reproduce.main(args) == 1  # a run of length_norm failed: that step is not done, the other is
+    assert "1 runs or steps failed (length_norm/constant/seed3)" in capsys.readouterr().err
+    assert ran == [sweep / "length_norm", sweep / "length_norm_room"]
+    assert (reruns / "length_norm_room" / "results.csv").read_text() == \
+        (sweep / "length_norm_room" / "results.csv").read_text()
+    assert "warm start weak" in (reruns / "length_norm_room" / "report.md").read_text()
+    assert not (tmp_path / "data.csv").exists() and "generated:glance -->\n<!--" in doc.read_text()
+    _committed_step(reruns, "length_norm", ("per_sequence", "constant"), (1, 2, 3))
+    ran.clear()
     assert reproduce.main(args) == 0
-    assert (tmp_path / "data.csv").read_text() == (sweep / "results.csv").read_text()
-    assert "warm start pinned, weak" in (tmp_path / "reruns" / "report.md").read_text()
-    assert "updated 1 generated blocks" in capsys.readouterr().out
-    _finished_run(sweep / "length_norm" / "constant" / "seed1", "b" * 40, "pinned", 0.5)
-    assert reproduce.main(args) == 1
-    assert "error: the runs to pool come from" in capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "2 of 2 steps done" in out and ran == []
+    merged = claims.read_results(tmp_path / "data.csv")
+    assert [(r["ablation"], r["seed"]) for r in merged][:2] == [("length_norm", 1), ("length_norm", 2)]
+    assert len(merged) == 12 and "updated 1 generated blocks" in out
+    assert "[report](length_norm_room/report.md)" in (reruns / "README.md").read_text()
+    # a committed step from a dirty tree is not done
+    _committed_step(reruns, "length_norm", ("per_sequence", "constant"), (1, 2, 3), dirty=True)
+    assert reproduce.committed_step(plan[0], reruns) is None
+    assert "6 runs committed" in reproduce.committed_step(plan[1], reruns)
 
 
 def test_reproduce_refuses_a_dirty_tree_unless_told_and_records_the_override(tmp_path, capsys, monkeypatch):

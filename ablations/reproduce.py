@@ -14,7 +14,8 @@ the seeds its claims were registered with. Each step's results are committed on 
 2. Builds the reward model of ``alpacafarm_overoptimization`` if the cache lacks it
    (``python -m ppo.tasks.rlhf build``; before the timing, so its runs are timed too), then runs
    each step still to do into ``OUT/<ablation>`` (`ablations.runner.run_sweep`: complete runs
-   skipped, identical runs copied, failed ones retried on the next call). A step whose runs
+   skipped, runs identical to a complete one of any step copied, failed ones retried on the
+   next call). A step whose runs
    all finished gets its report, and its ``results.csv``, report and plots are copied to
    ``docs/results/reruns/<ablation>/`` (commit them: the next call skips that step).
 3. Only when every step is done: writes the union of the steps' ``results.csv`` over the
@@ -294,8 +295,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n$ {step.command(args.out)}", flush=True)
         step_dir = sweep_dir / step.ablation
         ablations = select_variants([ABLATIONS[step.ablation]], list(step.variants) if step.variants else None)
+        others = [sweep_dir / other.ablation for other in PLAN if other != step and (sweep_dir / other.ablation).is_dir()]
         result = run_sweep(ablations, step_dir, seeds=step.seeds, steps=STEPS, workers=args.workers,
-                           threads=args.threads)
+                           threads=args.threads, reuse_from=others)  # a run identical to another step's is copied
         if result.failed:
             failed += [outcome.spec.label for outcome in result.failed]
             continue

@@ -165,7 +165,7 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
               steps: int | None = None, workers: int | None = None, timeout: float | None = None,
               progress: bool = True, reuse: bool = True, backend: "Backend | None" = None,
               threads: int | None = None, compile_forward: bool = False,
-              report_to: list[str] | None = None) -> SweepResult:
+              report_to: list[str] | None = None, reuse_from: "Iterable[str | Path]" = ()) -> SweepResult:
     """Run every variant x seed of the named ablations into `sweep_dir`; see the module doc.
 
     `seeds` runs seeds 1..seeds of every variant (None: each ablation's own `seeds`, else
@@ -179,7 +179,8 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
     (`PPOConfig.report_to`), and every run carries its sweep, ablation, variant and seed as
     the trackers' group and tags (`tracked_config`). `timeout` seconds
     per run (None: no limit). Complete runs are skipped, failed ones retried; with `reuse`, a
-    run identical to a complete one is copied instead of trained. All of this happens here,
+    run identical to a complete one is copied instead of trained, the complete ones of this
+    sweep first, then those of the sweep directories `reuse_from`. All of this happens here,
     in the driver, the same for every backend: a backend only executes `attempt_run`.
     Returns the outcomes; with `progress`, shows a progress bar and prints the summary.
     Raises `SweepDirNotShared` (after stopping the sweep) when a worker cannot see the sweep
@@ -245,7 +246,10 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
 
     bar.update(len(result.skipped))
     show_counts()
-    done = completed_runs_by_fingerprint(sweep_dir) if reuse else {}
+    done = {}
+    for directory in (sweep_dir, *(Path(d).absolute() for d in reuse_from)) if reuse else ():
+        for key, run_dir in completed_runs_by_fingerprint(directory).items():
+            done.setdefault(key, run_dir)
     # Identical pending runs: the first (the leader) trains or copies, the rest follow it.
     followers: dict[str, list[RunSpec]] = {}
     leaders: list[tuple[str, RunSpec]] = []

@@ -297,6 +297,17 @@ def test_identical_runs_train_once_and_are_copied(tmp_path, monkeypatch):
     run_sweep(_dup_ablation("third", tmp_path, variants=("a", "a_copy")), sweep, seeds=1, workers=1,
               progress=False, reuse=False)
     assert sorted(launches) == ["third/a/seed1", "third2/a_copy/seed1"]
+    # A sweep in another directory copies from this one only when told to (`reuse_from`).
+    launches.clear()
+    elsewhere = tmp_path / "elsewhere"
+    run_sweep(_dup_ablation("fifth", tmp_path, variants=("b_again",)), elsewhere / "one", seeds=1, workers=2,
+              progress=False)
+    assert launches == ["fifth/b_again/seed1"]
+    launches.clear()
+    told = run_sweep(_dup_ablation("sixth", tmp_path, variants=("b_again",)), elsewhere / "two", seeds=1,
+                     workers=2, progress=False, reuse_from=[sweep])
+    assert launches == [] and [o.spec.label for o in told.reused] == ["sixth/b_again/seed1"]
+    assert (elsewhere / "two" / "sixth" / "b_again" / "seed1" / "reused_from.txt").read_text().startswith(str(sweep))
 
 
 def test_identical_run_trains_itself_when_its_leader_fails(tmp_path, monkeypatch):

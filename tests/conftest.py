@@ -13,11 +13,15 @@ torch.set_num_threads(int(os.environ.get("PPO_TEST_THREADS", "2")))
 # such launches at once on 2 cores put 4 busy-polling processes on them (with these files all
 # sorted to the front, the suite took 20 minutes on this machine instead of 12). The short training runs go
 # first, so that neither ends up alone at the tail of the suite. The sort is stable.
+# The expensive fixtures are session-scoped: under `--dist loadgroup` a worker may run another
+# file's tests between two of one file's, and a module-scoped fixture is then built again (the
+# 2-process launches of test_sharding and test_data_parallel were, each about a minute).
 MULTIPROCESS_FILES = ("tests/test_data_parallel.py", "tests/test_sharding.py", "tests/test_run_directory.py",
                       "tests/test_split_invariance.py", "tests/test_trackers.py", "tests/test_ablation_backends.py")
 FIRST_FILES = ("tests/test_training_runs.py",)
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist names each grouped test "<id>@<group>" from its mark
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid.split("::")[0] in MULTIPROCESS_FILES:

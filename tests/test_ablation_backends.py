@@ -3,9 +3,9 @@
 The first tests use a stand-in backend (no cluster, no training) to pin down what the driver
 does when a backend loses a run or a worker cannot see the sweep directory. The last ones
 run one tiny sweep (2 variants x 2 seeds, 2 steps of the tiny model) on the local backend,
-its seed-1 runs on a 2-CPU local Ray cluster and through submitit's local executor, and
-(marked slow) the whole sweep on Ray with its driver killed half-way, then rerun; all must
-give the same results.csv. Those are skipped when the optional extra (``pip install -e
+and (marked slow: ``make test-all``) its seed-1 runs on a 2-CPU local Ray cluster and through
+submitit's local executor, and the whole sweep on Ray with its driver killed half-way, then
+rerun; all must give the same results.csv. Those are skipped when the optional extra (``pip install -e
 '.[ray]'``, ``'.[slurm]'``) is missing.
 """
 
@@ -181,7 +181,7 @@ def results_without_timing(sweep_dir: Path) -> list[dict]:
     return rows
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def local_results(tmp_path_factory, tiny_model_dir):
     """The toy sweep on the local backend: the numbers every other backend must reproduce.
 
@@ -235,6 +235,7 @@ def _processes_mentioning(text: str) -> list[int]:
 needs_ray = pytest.mark.skipif(not _installed("ray"), reason="the ray extra is not installed: pip install -e '.[ray]'")
 
 
+@pytest.mark.slow  # a Ray cluster per test: about 2 minutes (make test-all)
 @needs_ray
 def test_ray_sweep_matches_local(tmp_path, tiny_model_dir, local_results):
     """The toy sweep's seed-1 runs on a 2-CPU local Ray cluster give the local numbers (the
@@ -302,6 +303,7 @@ def test_ray_sweep_matches_local_survives_a_killed_driver_and_skips_on_rerun(tmp
 
 @pytest.mark.skipif(not _installed("submitit"),
                     reason="the slurm extra is not installed: pip install -e '.[slurm]'")
+@pytest.mark.slow  # about 35 s of submitit jobs (make test-all)
 def test_slurm_backend_through_submitits_local_executor_matches_local(tmp_path, tiny_model_dir, local_results):
     sweep = tmp_path / "sweep"
     backend = backends.SlurmBackend(cluster="local", workers=2, time_min=10)

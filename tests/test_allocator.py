@@ -54,6 +54,7 @@ def _huge_pages_always() -> bool:
         return False
 
 
+@pytest.mark.slow  # counts page faults over runs: about 17 s (make test-all)
 @glibc_only
 @pytest.mark.skipif(_huge_pages_always(), reason="with transparent huge pages always on, one fault maps 2 MiB")
 def test_retained_memory_is_reused_instead_of_faulted_in_again():

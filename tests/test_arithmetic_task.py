@@ -6,7 +6,7 @@ from ppo.tasks.arithmetic import ArithmeticTask, parse_answer, solve_with_scratc
 from ppo.tasks.base import Problem
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def task():
     return ArithmeticTask()
 

@@ -24,7 +24,7 @@ def chat_tokenizer():
     return tokenizer
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def chat_model_dir(tmp_path_factory):
     from ppo.models.tiny_model import TinyModelConfig, build_tiny_model
 

@@ -50,7 +50,7 @@ def start(processes: int, model_dir: Path, out: Path, *scenarios: str) -> tuple[
         return subprocess.Popen(command, env=env, cwd=ROOT, stdout=handle, stderr=subprocess.STDOUT, text=True), log
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def runs(tmp_path_factory, tiny_model_dir):
     """One launch with 1 process and one with 2 (each runs every scenario it is given), at the
     same time: each process has one thread, and nothing they compare depends on timing."""

@@ -23,7 +23,7 @@ SHORT = fm.ComparisonConfig(rm_queries=640, expert_rounds=2, expert_n=8, best_of
                             eval_samples_per_prompt=1)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def setup():
     from ppo.models.sft import warm_start
     from ppo.tasks.rlhf import reward_model_dir
@@ -60,17 +60,20 @@ def test_feedme_short_run_beats_the_sft_start_on_gold(setup, tmp_path, monkeypat
     assert row["rm_queries_train"] == 0 and row["optimizer_steps"] == 19  # 600 pairs / 32, one epoch
 
 
+@pytest.mark.slow  # a short run per method: the default suite keeps best-of-n, expert iteration and FeedME (make test-all)
 def test_quark_best_quantile_short_run_beats_the_sft_start_on_gold(setup, tmp_path, monkeypatch):
     row = short_run("quark_best_quantile", setup, tmp_path, monkeypatch)
     assert row["win_rate_vs_sft"] > 0.53 and row["rm_queries_train"] == 640 and row["optimizer_steps"] == 10
 
 
+@pytest.mark.slow  # as above
 def test_quark_short_run_spends_its_budget_and_stays_below_the_sft_start_here(setup, tmp_path, monkeypatch):
     row = short_run("quark", setup, tmp_path, monkeypatch)
     assert row["rm_queries_train"] == 640 and row["optimizer_steps"] == 10  # one step per rollout batch
     assert row["win_rate_vs_sft"] < 0.5 and row["kl_to_sft"] > 2.0
 
 
+@pytest.mark.slow  # as above
 def test_reward_conditioning_short_run_spends_its_budget_and_stays_below_the_sft_start_here(
         setup, tmp_path, monkeypatch):
     row = short_run("reward_conditioning", setup, tmp_path, monkeypatch)
@@ -78,7 +81,8 @@ def test_reward_conditioning_short_run_spends_its_budget_and_stays_below_the_sft
     assert row["win_rate_vs_sft"] < 0.5
 
 
-@pytest.mark.parametrize("method", ["rloo", pytest.param("ppo", marks=pytest.mark.slow)])
+@pytest.mark.slow  # as above
+@pytest.mark.parametrize("method", ["rloo", "ppo"])
 def test_expert_iteration_budget_goes_to_the_rl_presets_too(method, setup, tmp_path, monkeypatch):
     """PPO and RLOO run through the project's trainer on the same reward-model budget as
     expert iteration and Quark, and beat the SFT start on gold too."""

@@ -65,7 +65,7 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tasks(tmp_path_factory):
     path = tmp_path_factory.mktemp("gsm8k") / "train.jsonl"
     path.write_text(json.dumps({"question": "q?", "answer": "#### 1"}) + "\n")

@@ -44,7 +44,7 @@ def test_summarise_problems_worked_example():
     assert one["accuracy"] == 0.5 and "accuracy_se" not in one
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny(tiny_model_dir):
     model, tokenizer = load_policy(str(tiny_model_dir))
     return model, tokenizer, ArithmeticTask()

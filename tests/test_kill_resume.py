@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -82,6 +83,7 @@ def logged_steps(run: Path) -> list[int]:
     return steps
 
 
+@pytest.mark.slow  # three runs and a kill: about 35 s (make test-all); test_reliability kills runs in the default suite
 def test_kill_9_at_a_random_step_and_inside_a_save_resumes_to_the_straight_run(tmp_path, tiny_model_dir):
     seed = int(os.environ.get("PPO_KILL_SEED", "0"))
     draw = random.Random(seed)

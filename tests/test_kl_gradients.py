@@ -209,6 +209,7 @@ def test_importance_weighted_kl_in_the_loop(tmp_path, tiny_model_dir):
     assert weighted[0]["kl_loss"] == pytest.approx(plain[0]["kl_loss"], rel=1e-6, abs=1e-12)
 
 
+@pytest.mark.slow  # the study on the pinned warm start: about 20 s (make test-all)
 def test_the_gradient_study_on_the_pinned_warm_start():
     """A small run of `python -m ablations.kl_gradient_study`: the exact expectations follow
     the derivation (docs/derivations.md), whatever the Monte-Carlo noise."""

@@ -120,7 +120,7 @@ def differences(a, b) -> list[str]:
     return found
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def runs(tmp_path_factory):
     """Each algorithm run by the full trainer and by minimal.py, once for the module."""
     tmp_path = tmp_path_factory.mktemp("full")

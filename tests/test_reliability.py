@@ -344,7 +344,7 @@ def run_steps(run, name="metrics.jsonl"):
     return [json.loads(line)["step"] for line in (run / name).read_text().splitlines()]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def finished_run(tmp_path_factory, tiny_model_dir):
     """A 3-step run (checkpoints kept: steps 2 and 3) and its final weights."""
     run = tmp_path_factory.mktemp("finished") / "run"

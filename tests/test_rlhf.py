@@ -46,7 +46,7 @@ def one_thread():
     torch.set_num_threads(previous)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_policy(tiny_model_dir):
     return load_policy(tiny_model_dir)
 
@@ -468,6 +468,7 @@ def test_a_corrupted_pinned_file_is_refused_naming_it(tmp_path, name):
         check_reward_model_digests(copy)
 
 
+@pytest.mark.slow  # rebuilds the reward model: about 40 s (make test-all)
 def test_a_rebuild_is_compared_with_the_pin(tmp_path):
     """`compare_to_pinned` on the pin itself says the bits are identical; on a copy with one
     weight moved by 0.25 and one label flipped it reports that weight difference, the

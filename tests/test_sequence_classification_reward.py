@@ -34,7 +34,7 @@ def save_reward_model(path, tokenizer, chat_template=None, seed=0):
     return path
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def bpe_reward_dir(tmp_path_factory):
     from ppo.models.tiny_model import build_byte_bpe_tokenizer
 

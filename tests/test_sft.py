@@ -40,10 +40,12 @@ def test_sft_is_deterministic_for_a_seed():
 
 
 def test_sft_lowers_the_loss():
+    """35 steps bring the demonstration loss below 0.6 of the untrained model's (measured: 0.53;
+    25 steps: 0.60)."""
     from ppo.models.sft import sft_loss
     import random
 
-    config = SFTConfig(seed=0, steps=60, batch_size=16, lr=3e-3,
+    config = SFTConfig(seed=0, steps=35, batch_size=16, lr=3e-3,
                        model=TinyModelConfig(hidden_size=64, num_layers=2, num_heads=2, intermediate_size=128))
     task = config.task()
     tokenizer_batch = None

@@ -90,7 +90,7 @@ def finish(process: subprocess.Popen, log: Path) -> None:
         process.kill()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def runs(tmp_path_factory, tiny_model_dir):
     root = tmp_path_factory.mktemp("sharding")
     held = root / "held_run.py"

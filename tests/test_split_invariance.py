@@ -40,7 +40,7 @@ def assert_same(gradients, reference):
     assert difference <= TOLERANCE, f"max gradient difference {difference:.3g}"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def references():
     """One process, one micro-batch: the gradient every split must give."""
     return {case: worker.gradients(case[0], 1, *case[2:]) for case in worker.CASES}
@@ -51,7 +51,7 @@ def test_split_invariant_micro_batches_one_process(case, references):
     assert_same(worker.gradients(*case), references[case])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def two_processes(tmp_path_factory):
     out = tmp_path_factory.mktemp("split") / "two.json"
     with socket.socket() as sock:

@@ -28,7 +28,7 @@ def count_ones(prompts, responses):
     return [float(r.count("1")) for r in responses]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def teacher_dir(tmp_path_factory, char_tokenizer):
     """A different tiny model (other initial weights) with the policy's tokenizer, saved like a checkpoint."""
     torch.manual_seed(123)

@@ -125,7 +125,7 @@ def mlflow_file_store(monkeypatch):
 
 
 # ------------------------------------------------------------------------------------ the tests
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tracked_run(tmp_path_factory, tiny_model_dir):
     """One 2-step run (held-out evaluation after each step) reporting to all four trackers."""
     root = tmp_path_factory.mktemp("trackers")
@@ -240,6 +240,7 @@ def test_report_to_is_checked_and_spelled_like_trl():
         PPOConfig(run_tags={"seed": [1, 2]})
 
 
+@pytest.mark.slow  # a 2-process launch: about 20 s (make test-all)
 def test_two_processes_log_once(tmp_path, tiny_model_dir):
     """accelerate launch with 2 CPU processes: one MLflow run, each step once, as in metrics.jsonl."""
     with socket.socket() as sock:
@@ -258,6 +259,7 @@ def test_two_processes_log_once(tmp_path, tiny_model_dir):
     assert_same_steps(mlflow_steps(tmp_path, logged), expected_steps(run), "mlflow")  # each (name, step) once
 
 
+@pytest.mark.slow  # a sweep of tracked runs: about 25 s (make test-all)
 def test_a_sweep_reports_its_runs_grouped_by_variant(tmp_path, tiny_model_dir, monkeypatch):
     from ablations.registry import Ablation, Variant
     from ablations.runner import run_sweep

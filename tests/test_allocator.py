@@ -87,6 +87,7 @@ print(json.dumps([run(False, sys.argv[2] + "/a"), run(True, sys.argv[2] + "/b")]
 """
 
 
+@pytest.mark.slow  # two runs in fresh processes: about 18 s (make test-all)
 @glibc_only
 def test_a_run_is_the_same_with_and_without_retained_memory(tmp_path, tiny_model_dir):
     """Exact: the same kernels on the same values, only the addresses of the buffers differ."""

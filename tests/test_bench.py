@@ -2,6 +2,7 @@
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from ppo.benchmarks.bench import (ProductTimer, calls_alone, floor_flops, format_bench, length_groups, matmul_throughput,
@@ -89,6 +90,7 @@ def test_the_last_layer_counts_only_the_rows_that_are_read(char_tokenizer):
     assert full - trimmed == rows * keep * (4 * H * length + 2 * H * H + 4 * H * I + 2 * H * V)
 
 
+@pytest.mark.slow  # counts the products of a profiled step: about 20 s (make test-all)
 def test_floor_counts_only_unavoidable_passes(tmp_path, tiny_model_dir):
     base = dict(model_path=str(tiny_model_dir), rollout_batch_size=8, response_length=8, progress=False,
                 value_init="policy", eval_every=0)
@@ -152,6 +154,7 @@ def test_products_are_timed_and_counted_by_hand():
     assert timer.seconds > 0
 
 
+@pytest.mark.slow  # as above
 def test_a_steps_products_are_at_least_its_floor(tmp_path, tiny_model_dir):
     """The floor counts only the unavoidable products on real tokens, so the products a real
     step runs (timed inside it) hold at least as many FLOPs; the step still trains under the timer."""

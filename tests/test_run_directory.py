@@ -76,6 +76,7 @@ def _wait_for(condition, timeout: float, what: str):
 
 
 # ------------------------------------------------------------------ one writer per directory
+@pytest.mark.slow  # holds a live run while two more start: about 30 s (make test-all)
 def test_a_second_start_or_resume_of_a_live_run_fails_naming_the_process(tmp_path, tiny_model_dir):
     """Two writers would mix steps [0,0,1,1,...] in one metrics.jsonl: the second fails at once."""
     run = tmp_path / "run"

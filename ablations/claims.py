@@ -536,8 +536,16 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
 
 # Generated blocks another command writes (left alone by --update here, and named when skipped).
 OTHER_COMMANDS_BLOCKS = {"power": "python -m ablations power --update FILE",
+                         "power:DIR": "python -m ablations power docs/results/DIR/results.csv --update FILE --block power:DIR",
                          "reward_model": "python -m ppo.tasks.rlhf describe --update FILE",
                          "feedback_methods": "python -m ppo.tasks.feedback_methods table DIR --update FILE"}
+
+
+def written_elsewhere(name: str) -> str:
+    """The command that writes the generated block `name`, when it is not this one's; else ""."""
+    if name.startswith("power:"):
+        return OTHER_COMMANDS_BLOCKS["power:DIR"].replace("DIR", name.split(":", 1)[1])
+    return OTHER_COMMANDS_BLOCKS.get(name, "")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -557,7 +565,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = path.read_text()
     try:
         names = block_names(text)
-        tables = generated_tables(rows, [name for name in names if name not in OTHER_COMMANDS_BLOCKS], specs)
+        tables = generated_tables(rows, [name for name in names if not written_elsewhere(name)], specs)
         for name, content in tables.items():
             text = replace_block(text, name, content)
     except ValueError as error:
@@ -565,8 +573,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     path.write_text(text)
     print(f"updated {len(tables)} generated blocks of {path}: {', '.join(tables)}")
-    for name in (name for name in names if name in OTHER_COMMANDS_BLOCKS):
-        print(f"left {name} alone: {OTHER_COMMANDS_BLOCKS[name]} writes it")
+    for name in (name for name in names if written_elsewhere(name)):
+        print(f"left {name} alone: {written_elsewhere(name)} writes it")
     return 0
 
 

@@ -37,7 +37,8 @@ sd is used, the table naming which.
 RESULTS defaults to the committed ``docs/results/data/results.csv``, tested on the registered
 `CLAIMS`; a sweep directory brings the claims stored with its ablations' definitions too (an
 ablation file's ``claims:``, each with its own ``effect`` / ``effect_basis`` or ``margin``).
-``--update`` rewrites the ``generated:power`` block of the file.
+``--update`` rewrites the ``generated:power`` block of the file (``--block power:DIR``: the
+block that holds the table of the sweep committed in ``docs/results/DIR``).
 """
 
 from __future__ import annotations
@@ -155,32 +156,48 @@ def markdown(rows: Sequence[dict], claims: Sequence[Claim], aa: dict | None = No
     return "\n".join(lines)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def power_table(source: str | Path) -> str:
+    """The power table of the claims tested on `source` (a sweep directory or its
+    ``results.csv``, the pilot): the registered `CLAIMS` of the ablations it holds, as
+    registered now (the registration a rerun will test), the claims the registry gives its
+    other ablations, and an ablation file's claims as stored with the sweep. Raises OSError or
+    ValueError naming a missing or malformed source."""
     from .claims import CLAIMS, read_sweep, sweep_claims
+    from .registry import ABLATIONS
+
+    rows, specs = read_sweep(source)
+    chosen = list(CLAIMS) + [claim for claim in sweep_claims(specs) if claim.ablation not in ABLATIONS]
+    chosen += [claim for name in specs if name in ABLATIONS for claim in ABLATIONS[name].claims]
+    present = {r["ablation"] for r in rows}
+    return markdown(rows, [claim for claim in dict.fromkeys(chosen) if claim.ablation in present], accuracy_pilot())
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     from .doc_blocks import replace_block
 
     parser = argparse.ArgumentParser(prog="python -m ablations power", description=__doc__.split("\n\n")[0])
     parser.add_argument("results", nargs="?", default=str(DEFAULT_RESULTS),
                         help="the pilot: a sweep directory or its results.csv (default: the committed claims data)")
-    parser.add_argument("--update", metavar="MARKDOWN", help="rewrite the generated:power block of this file")
+    parser.add_argument("--update", metavar="MARKDOWN", help="rewrite a generated block of this file with the table")
+    parser.add_argument("--block", default="power",
+                        help="the block --update rewrites (default: power; e.g. power:staleness for the claims of "
+                             "the sweep committed in docs/results/staleness)")
     args = parser.parse_args(argv)
+    if args.block != "power" and not args.block.startswith("power:"):
+        parser.error(f"--block {args.block}: a power block is named power or power:DIR")
     try:
-        rows, specs = read_sweep(args.results)
+        table = power_table(args.results)
     except (OSError, ValueError) as error:
         print(f"ablations power: {error}", file=sys.stderr)
         return 2
-    # The claims as registered now (the registration a rerun will test) for the registry's
-    # ablations; an ablation file's claims as stored with its sweep.
-    from .registry import ABLATIONS
-
-    chosen = list(CLAIMS) + [claim for claim in sweep_claims(specs) if claim.ablation not in ABLATIONS]
-    chosen += [claim for name in specs if name in ABLATIONS for claim in ABLATIONS[name].claims]
-    present = {r["ablation"] for r in rows}
-    table = markdown(rows, [claim for claim in dict.fromkeys(chosen) if claim.ablation in present], accuracy_pilot())
     if args.update:
         path = Path(args.update)
-        path.write_text(replace_block(path.read_text(), "power", table))
-        print(f"updated the power block of {path}")
+        try:
+            path.write_text(replace_block(path.read_text(), args.block, table))
+        except (OSError, ValueError) as error:
+            print(f"ablations power: {path}: {error}", file=sys.stderr)
+            return 2
+        print(f"updated the {args.block} block of {path}")
     else:
         print(table)
     return 0

@@ -146,12 +146,17 @@ def test_docs_results_tables_are_the_generated_ones():
     rows = claims.read_results(data)
     names = claims.block_names(text)
     assert {"claims", "glance"} <= set(names)
-    for name, content in claims.generated_tables(rows, [n for n in names if n not in claims.OTHER_COMMANDS_BLOCKS]).items():
+    for name, content in claims.generated_tables(rows, [n for n in names if not claims.written_elsewhere(n)]).items():
         assert claims.generated_block(text, name) == content, name
-    # The power analysis (python -m ablations power) reads the same committed data as its pilot.
-    from ablations.power import accuracy_pilot, markdown as power_table
+    # The power analysis (python -m ablations power) reads the same committed data as its pilot,
+    # and each power:DIR block the sweep committed in docs/results/DIR.
+    from ablations.power import accuracy_pilot, markdown as power_markdown, power_table
 
-    assert claims.generated_block(text, "power") == power_table(rows, claims.CLAIMS, accuracy_pilot())
+    assert claims.generated_block(text, "power") == power_markdown(rows, claims.CLAIMS, accuracy_pilot())
+    directories = [n.split(":", 1)[1] for n in names if n.startswith("power:")]
+    assert "staleness" in directories
+    for directory in directories:
+        assert claims.generated_block(text, f"power:{directory}") == power_table(claims.RESULTS_DIR / directory / "results.csv"), directory
 
 
 def test_cli_update_fills_ablation_table_blocks(tmp_path):

@@ -110,3 +110,40 @@ def test_an_ablation_files_claim_carries_its_effect_through_the_stored_definitio
     path.write_text(path.read_text().replace("effect: 0.2", "effect: big"))
     with pytest.raises(ValueError, match="effect"):
         load_ablation_file(path)
+
+
+def test_held_out_accuracy_takes_the_smaller_sd_of_its_own_runs_and_the_aa_pilot():
+    """Both pilots overstate a 16-draw pair's noise (module docstring): the smaller one plans."""
+    pilot = rows([0.01, 0.03, 0.02, 0.00, 0.04])  # own sd 0.01581
+    quieter = {"final_sampled_accuracy": {"sd": 0.01, "n": 20}}
+    louder = {"final_sampled_accuracy": {"sd": 0.05, "n": 20}}
+    aa = power.claim_power(claim(+1, effect=0.02), pilot, quieter)
+    assert (aa["sd"], aa["pilot_pairs"], aa["pilot"]) == (0.01, 20, "A/A sweep")
+    assert aa["seeds"] == power.seeds_for("directed", 0.01, 0.02)
+    own = power.claim_power(claim(+1, effect=0.02), pilot, louder)
+    assert own["pilot"] == "own runs" and own["sd"] == pytest.approx(0.015811, rel=1e-4)
+    # another column (here a length) is planned from its own runs only
+    other = Claim("a claim", "a source", "toy", ("a", "kl_k1"), ("b", "kl_k1"), +1, "kl", (1, 2, 3), effect=0.5)
+    assert power.claim_power(other, pilot, quieter)["pilot"] == "own runs"
+    # the committed A/A sweep is read per accuracy column
+    committed = power.accuracy_pilot()
+    assert committed["final_sampled_accuracy"]["n"] >= 20
+
+
+def test_power_cli_writes_the_named_power_block_only(tmp_path, capsys):
+    import csv
+
+    data = tmp_path / "results.csv"
+    with open(data, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=["ablation", "variant", "seed", "status", "final_sampled_accuracy"])
+        writer.writeheader()
+        writer.writerows(rows([0.01, 0.03, 0.02, 0.00, 0.04]))
+    doc = tmp_path / "doc.md"
+    doc.write_text("<!-- generated:power -->\nold\n<!-- /generated:power -->\n"
+                   "<!-- generated:power:toy -->\nold\n<!-- /generated:power:toy -->\n")
+    assert power.main([str(data), "--update", str(doc), "--block", "power:toy"]) == 0
+    text = doc.read_text()
+    assert text.startswith("<!-- generated:power -->\nold\n") and "| claim | quantity |" in text.split("power:toy")[1]
+    with pytest.raises(SystemExit):
+        power.main([str(data), "--update", str(doc), "--block", "claims"])
+    assert "a power block is named power or power:DIR" in capsys.readouterr().err

@@ -283,7 +283,7 @@ def _family_verdicts(claims: Sequence[Claim], tests: Sequence[dict]) -> list[dic
         for i, p_adj in zip(members, adjusted):
             results[i].update(p_holm=p_adj, family_size=tested)
             results[i]["verdict"] = claim_verdict(claims[i].direction, results[i], _style(claims[i].first[1]),
-                                                  margin=claims[i].margin)
+                                                  margin=claims[i].margin, effect=claims[i].effect)
     return results
 
 
@@ -308,9 +308,13 @@ def evaluate_claim(claim: Claim, rows: Sequence[dict]) -> dict:
     return evaluate_claims(rows, [claim])[0]
 
 
-def claim_verdict(direction: int, stats: dict, style: str = "g", margin: float | None = None) -> str:
+def claim_verdict(direction: int, stats: dict, style: str = "g", margin: float | None = None,
+                  effect: float | None = None) -> str:
     """reproduced / contradicted / not detected / consistent, from the paired test alone
-    (``p_holm`` when a family's correction was applied, else ``p``)."""
+    (``p_holm`` when a family's correction was applied, else ``p``). A directed claim not
+    detected says too whether the size registered for it (`effect`) lies beyond its 95%
+    interval on the claimed side: then the seeds rule out an effect that large, though the
+    verdict stays "not detected"."""
     n = stats["n"]
     if n == 0:
         if stats.get("in_sweep") and not stats.get("logged", True):
@@ -340,6 +344,10 @@ def claim_verdict(direction: int, stats: dict, style: str = "g", margin: float |
             return "contradicted"
         return f"not detected at {n} seeds ({detectable}); non-inferiority within {_fmt(margin, style)} not shown"
     if not p < ALPHA:
+        bound = stats["mean"] + direction * stats["ci"]  # the interval's end on the claimed side
+        if effect is not None and direction * bound < effect:
+            return (f"not detected at {n} seeds ({detectable}); the registered size {_fmt(effect, style)} is "
+                    f"outside the 95% interval")
         return f"not detected at {n} seeds ({detectable})"
     return "reproduced" if math.copysign(1, stats["mean"]) == direction else "contradicted"
 

@@ -65,6 +65,20 @@ def test_a_difference_inside_its_interval_is_not_detected_or_consistent():
         "; no equivalence margin registered)")
 
 
+def test_a_not_detected_directed_claim_says_when_its_registered_size_is_outside_the_interval():
+    """differences [0.5, -1.0, 0.2]: mean -0.1, sd sqrt(0.63) = 0.7937, 95% half-width
+    4.303 * 0.7937 / sqrt(3) = 1.972: the interval is [-2.072, 1.872]. A size of 2 on the
+    larger side lies beyond 1.872 (ruled out); 1.5 does not. On the smaller side -2 is inside,
+    -2.5 beyond. The verdict stays "not detected"."""
+    first, second = ("other", "metric_value"), ("base", "metric_value")
+    outside = "; the registered size {} is outside the 95% interval"
+    assert evaluate_claim(claim(+1, first, second, effect=2.0), ROWS)["verdict"].endswith(outside.format(2))
+    assert "outside" not in evaluate_claim(claim(+1, first, second, effect=1.5), ROWS)["verdict"]
+    assert "outside" not in evaluate_claim(claim(-1, first, second, effect=2.0), ROWS)["verdict"]
+    verdict = evaluate_claim(claim(-1, first, second, effect=2.5), ROWS)["verdict"]
+    assert verdict.startswith("not detected at 3 seeds") and verdict.endswith(outside.format(2.5))
+
+
 def test_within_variant_claim_pairs_two_columns_of_one_run():
     # base: kl - kl_k1 = [1.0, 1.0, 0.5]: mean 0.833, sd 0.2887, half-width 0.717 -> separated
     result = evaluate_claim(claim(+1, ("base", "kl"), ("base", "kl_k1")), ROWS)

@@ -32,7 +32,8 @@ Per-run numbers (`collect_runs`, one row per run directory, also written to ``re
     metric, metric_value        the ablation's own metric: its name, and its value (the row's
                                 column of that name, else the key's last-10% mean)
     reused_from                 for a run copied from an identical run (see the runner):
-                                that run's path; "" for a run that trained
+                                that run's path relative to the sweep directory (``../SWEEP/...``
+                                for a run of another sweep); "" for a run that trained
     warnings                    summary.json's warnings, one per line: settings the run
                                 accepted but never read ("" for none)
     prov_commit, prov_dirty, prov_warm_start, prov_torch, prov_transformers, prov_python,
@@ -54,6 +55,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import warnings
 from dataclasses import dataclass
@@ -273,10 +275,7 @@ def _reused_from(sweep_dir: Path, run_dir: Path) -> str:
         return ""
     lines = marker.read_text(errors="replace").splitlines()
     source = Path(lines[0].strip()) if lines else Path()
-    try:
-        return str(source.relative_to(sweep_dir.resolve()))
-    except ValueError:
-        return str(source)
+    return os.path.relpath(source, sweep_dir.resolve())  # no machine's absolute path in results.csv
 
 
 def _run_row(sweep_dir: Path, ablation: str, variant: str, seed: int, run_dir: Path,

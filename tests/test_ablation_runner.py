@@ -308,6 +308,9 @@ def test_identical_runs_train_once_and_are_copied(tmp_path, monkeypatch):
                      workers=2, progress=False, reuse_from=[sweep])
     assert launches == [] and [o.spec.label for o in told.reused] == ["sixth/b_again/seed1"]
     assert (elsewhere / "two" / "sixth" / "b_again" / "seed1" / "reused_from.txt").read_text().startswith(str(sweep))
+    from ablations.report import collect_runs
+    (source,) = [r["reused_from"] for r in collect_runs(elsewhere / "two")]  # relative: no machine's path
+    assert source.startswith("../../sweep/") and (elsewhere / "two" / source / "summary.json").is_file()
 
 
 def test_identical_run_trains_itself_when_its_leader_fails(tmp_path, monkeypatch):

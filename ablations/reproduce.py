@@ -79,14 +79,21 @@ PLAN: tuple[SweepStep, ...] = (
 )
 
 
+def step_ablation(step: SweepStep):
+    """The registry's ablation of `step`, kept to its variants (and their base) when it names some."""
+    from .registry import ABLATIONS
+    from .sweep_plan import select_variants
+
+    (ablation,) = select_variants([ABLATIONS[step.ablation]], list(step.variants) if step.variants else None)
+    return ablation
+
+
 def step_specs(step: SweepStep, sweep_dir: Path) -> list:
     """Every run of one step as the runner would make it in ``sweep_dir`` (`RunSpec`s,
     complete ones marked)."""
-    from .registry import ABLATIONS
-    from .sweep_plan import plan_runs, select_variants
+    from .sweep_plan import plan_runs
 
-    (ablation,) = select_variants([ABLATIONS[step.ablation]], list(step.variants) if step.variants else None)
-    return plan_runs(ablation, step.seeds, STEPS, sweep_dir)
+    return plan_runs(step_ablation(step), step.seeds, STEPS, sweep_dir)
 
 
 def planned_specs(sweep_dir: Path, plan: tuple[SweepStep, ...] = PLAN) -> list:
@@ -105,7 +112,7 @@ def committed_step(step: SweepStep, report_dir: Path = REPORT_DIR) -> str | None
         return None
     rows = read_results(path)
     done = {(r["variant"], r["seed"]) for r in rows if r["status"] == "ok" and str(r.get("prov_dirty")) == "False"}
-    planned = {(spec.variant, spec.seed) for spec in step_specs(step, Path("unused"))}
+    planned = {(variant.name, seed) for variant in step_ablation(step).variants for seed in range(1, step.seeds + 1)}
     if not planned <= done:
         return None
     commits = sorted({str(r.get("prov_commit", ""))[:12] for r in rows})
@@ -287,16 +294,13 @@ def main(argv: list[str] | None = None) -> int:
     from . import claims
     from .report import MixedProvenanceError, build_report
     from .runner import run_sweep
-    from .sweep_plan import select_variants
-    from .registry import ABLATIONS
 
     failed = []
     for step in todo:
         print(f"\n$ {step.command(args.out)}", flush=True)
         step_dir = sweep_dir / step.ablation
-        ablations = select_variants([ABLATIONS[step.ablation]], list(step.variants) if step.variants else None)
         others = [sweep_dir / other.ablation for other in PLAN if other != step and (sweep_dir / other.ablation).is_dir()]
-        result = run_sweep(ablations, step_dir, seeds=step.seeds, steps=STEPS, workers=args.workers,
+        result = run_sweep([step_ablation(step)], step_dir, seeds=step.seeds, steps=STEPS, workers=args.workers,
                            threads=args.threads, reuse_from=others)  # a run identical to another step's is copied
         if result.failed:
             failed += [outcome.spec.label for outcome in result.failed]

@@ -353,7 +353,9 @@ def claim_verdict(direction: int, stats: dict, style: str = "g", margin: float |
 
 
 def _style(column: str) -> str:
-    return "acc" if column.endswith("accuracy") or column.startswith("adv_share") else "g"
+    """``acc`` (signed, three places) for rates and shares, else ``g``."""
+    rates = column.endswith("accuracy") or column.startswith(("adv_share", "win_rate"))
+    return "acc" if rates else "g"
 
 
 def _difference(stats: dict, style: str) -> str:

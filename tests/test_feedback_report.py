@@ -121,3 +121,71 @@ def test_feedme_and_every_method_of_the_committed_table_were_scored_by_the_pinne
 
     pinned = warm_start_id(str(reward_model_dir(progress=False)))
     assert {row["prov_reward_model"] for row in report.read_rows(RESULTS)} == {pinned}
+
+
+def ranking_rows(ppo_minus_sft):
+    """Seeds 4-10 of the five ranked methods: the SFT start at 1/2, best-of-n at 0.70, expert
+    iteration at 0.60, FeedME at 1/2 + 0.01 * (seed - 7) (mean difference 0, sd 0.0216), PPO at
+    1/2 + the given differences."""
+    rows = []
+    for i, seed in enumerate(report.RANKING_SEEDS):
+        wins = {"sft": 0.5, "best_of_n": 0.70, "expert_iteration": 0.60, "feedme": 0.5 + 0.01 * (seed - 7),
+                "ppo": 0.5 + ppo_minus_sft[i]}
+        rows += [{"method": method, "seed": str(seed), "status": "ok", "win_rate_vs_sft": str(value),
+                  "gold_reward": "0.3", "proxy_reward": "0.5", "kl_to_sft": "1", "response_length": "20",
+                  "prov_commit": "abcdef0123", "prov_dirty": "False", "prov_warm_start": "ws",
+                  "prov_reward_model": "rm", "prov_threads": "1"} for method, value in wins.items()]
+    return rows
+
+
+def test_ranking_claims_verdicts_from_fixed_rows():
+    """PPO at +0.15 +- 0.01 over the start: beats the start and expert iteration (+0.05 over
+    0.60, sd 0.0082: t = 16), loses to best-of-n (-0.05: contradicted); best-of-n and expert
+    iteration beat the start with zero spread (no verdict); FeedME's difference 0 +- 0.0216 is
+    inside +-0.05 (TOST t = 0.05 / (0.0216 / sqrt 7) = 6.1)."""
+    ppo = [0.14, 0.15, 0.16, 0.15, 0.14, 0.16, 0.15]
+    text = report.claims_markdown(ranking_rows(ppo), fixed_rows())
+    lines = {line.split(" (AlpacaFarm")[0]: line for line in text.splitlines() if line.startswith("| ")}
+    assert "| reproduced |" in lines["| PPO beats the SFT start."]
+    assert "| reproduced |" in lines["| PPO beats expert iteration."]
+    assert "| contradicted |" in lines["| PPO beats best-of-n."]
+    assert "no verdict: zero spread" in lines["| Best-of-n beats the SFT start."]
+    assert "consistent: within the registered margin ±0.05" in lines[
+        "| Binary FeedME, supervised learning on the preferred responses, does no better than the SFT start."]
+    assert "4-10 (7 pairs)" in lines["| PPO beats the SFT start."]
+    assert "+0.150 ± 0.0" in lines["| PPO beats the SFT start."]
+    # the power table reads the pilot: best-of-n - SFT over seeds 1-3 is 0.22, 0.30, 0.38 (sd 0.08)
+    assert "| `feedback_methods`: `best_of_n` - `sft` in `win_rate_vs_sft` | directed | 0.05 " in text
+    assert "| 0.08 (3, own runs) |" in text
+
+
+def test_ranking_claims_cli_and_bad_seed_arguments(tmp_path, capsys):
+    directory = tmp_path / "ranking"
+    directory.mkdir()
+    rows = ranking_rows([0.1] * 7)
+    with (directory / "results.csv").open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    page = tmp_path / "page.md"
+    page.write_text("a\n<!-- generated:feedback_claims -->\nold\n<!-- /generated:feedback_claims -->\nb\n")
+    assert main(["claims", str(directory), "--pilot", str(RESULTS), "--update", str(page)]) == 0
+    block = generated_block(page.read_text(), report.CLAIMS_BLOCK)
+    assert "| PPO beats the SFT start." in block and "\nold\n" not in page.read_text()
+    with pytest.raises(SystemExit):
+        main(["run", "--out", str(tmp_path / "x"), "--first-seed", "0"])
+    assert "--first-seed must be at least 1" in capsys.readouterr().err
+
+
+def test_ranking_claims_block_is_generated_from_the_committed_fresh_seeds():
+    """docs/alpacafarm.md's claims block is the verdicts on the committed seeds 4-10, each row
+    from one clean commit, every registered seed of every ranked method present."""
+    directory = ROOT / "docs" / "results" / "feedback_ranking"
+    rows = report.read_rows(directory)
+    block = generated_block((ROOT / "docs" / "alpacafarm.md").read_text(), report.CLAIMS_BLOCK)
+    assert block == report.claims_markdown(rows, report.read_rows(RESULTS)).strip()
+    ok = {(row["method"], int(row["seed"])) for row in rows if row["status"] == "ok"}
+    for claim in report.RANKING_CLAIMS:
+        for variant in (claim.first[0], claim.second[0]):
+            assert {(variant, seed) for seed in claim.seeds} <= ok
+    assert {row["prov_dirty"] for row in rows} == {"False"}

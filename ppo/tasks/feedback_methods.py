@@ -590,7 +590,9 @@ def main(argv: list[str] | None = None) -> int:
     run_parser = commands.add_parser("run", help="train and evaluate every method over seeds; "
                                                  "appends to OUT/results.csv")
     run_parser.add_argument("--out", required=True, help="directory of results.csv")
-    run_parser.add_argument("--seeds", type=int, default=3, help="seeds 1..N")
+    run_parser.add_argument("--seeds", type=int, default=3, help="how many seeds: FIRST..FIRST+N-1")
+    run_parser.add_argument("--first-seed", type=int, default=1,
+                            help="the first seed (default 1; the ranking claims are tested on seeds 4-10)")
     run_parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     run_parser.add_argument("--reward-model", default=None, help="reward model directory (default: the cached build)")
     run_parser.add_argument("--keep-runs", action="store_true", help="keep the trainer's run directories (OUT/runs)")
@@ -603,18 +605,32 @@ def main(argv: list[str] | None = None) -> int:
     table_parser.add_argument("directory", help="a directory holding results.csv")
     table_parser.add_argument("--update", default=None,
                               help="rewrite the generated:feedback_methods block of this file")
+    claims_parser = commands.add_parser("claims", help="AlpacaFarm's ranking as registered claims: verdicts on a "
+                                                       "results directory, and the power analysis on the pilot")
+    claims_parser.add_argument("directory", help="a directory holding results.csv (the claims' seeds)")
+    claims_parser.add_argument("--pilot", default=None, help="the pilot's directory (default: the committed "
+                                                             "method table, docs/results/feedback_methods)")
+    claims_parser.add_argument("--update", default=None,
+                               help="rewrite the generated:feedback_claims block of this file")
     args = parser.parse_args(argv)
     if args.command == "table":
         from ppo.tasks.feedback_report import main_table
 
         return main_table(Path(args.directory), args.update)
+    if args.command == "claims":
+        from ppo.tasks.feedback_report import PILOT_DIR, main_claims
+
+        return main_claims(Path(args.directory), args.update, Path(args.pilot) if args.pilot else PILOT_DIR)
+    if args.seeds < 1 or args.first_seed < 1:
+        parser.error(f"--seeds and --first-seed must be at least 1 (got {args.seeds} and {args.first_seed})")
     try:
         config = ComparisonConfig(**{name: getattr(args, name) for name in (
             "rm_queries", "best_of_n", "expert_rounds", "expert_n", "sft_epochs", "eval_samples_per_prompt",
             "eval_size", "threads")})
     except ValueError as error:
         parser.error(str(error))
-    results = run(config, args.methods, range(1, args.seeds + 1), Path(args.out), args.reward_model, args.keep_runs)
+    seeds = range(args.first_seed, args.first_seed + args.seeds)
+    results = run(config, args.methods, seeds, Path(args.out), args.reward_model, args.keep_runs)
     failed = [r for r in read_results(results) if r["status"] != "ok"]
     print(f"results: {results}" + (f" ({len(failed)} failed rows)" if failed else ""))
     return 1 if failed else 0

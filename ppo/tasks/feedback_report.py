@@ -12,6 +12,16 @@ the file; tests/test_feedback_report.py regenerates the block from the committed
 The two win rates measure different things (against the SFT start here, against Davinci003
 there), so only their orderings are compared; AlpacaFarm's SFT 10k row stands in for our SFT
 start, whose win rate against itself is 1/2 up to sampling noise.
+
+**AlpacaFarm's ranking as registered claims** (`RANKING_CLAIMS`): the orderings of its Table 2
+that matter to its argument, each a paired test over seeds of the gold win rate, with Holm's
+correction over the parts (`ablations.claims`). Seeds 1-3 of the method table are the pilot
+of the power analysis (`ablations.power`, 80% power for `RANKING_EFFECT`); the claims are
+tested on fresh seeds, `RANKING_SEEDS`, run after the registration::
+
+    python -m ppo.tasks.feedback_methods run --first-seed 4 --seeds 7 \\
+        --methods sft best_of_n expert_iteration feedme ppo --out docs/results/feedback_ranking
+    python -m ppo.tasks.feedback_methods claims docs/results/feedback_ranking --update docs/alpacafarm.md
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ import math
 from pathlib import Path
 from typing import Sequence
 
+from ablations.definitions import Claim
 from ablations.doc_blocks import replace_block
 from ablations.stats import mean_ci95
 from ablations.tables import markdown_table
@@ -49,6 +60,44 @@ LABELS = {
     "feedme": "binary FeedME", "ppo": "PPO (`alpacafarm`)",
     "grpo": "GRPO (`grpo`)", "rloo": "RLOO (`rloo`)",
 }
+CLAIMS_BLOCK = "feedback_claims"
+PILOT_DIR = Path(__file__).resolve().parents[2] / "docs" / "results" / "feedback_methods"  # seeds 1-3
+
+# Registered before seeds 4-10 ran, from the pilot (seeds 1-3 of the method table, commit
+# d274acc): `python -m ppo.tasks.feedback_methods claims DIR` prints the power table this rests
+# on. The size to see is the same for every part, a tenth of the way from a tie to a sure win;
+# the most seeds a part needs at the pilot's sd (PPO over expert iteration, sd 0.036) is 7.
+RANKING_EFFECT = 0.05
+RANKING_SEEDS = tuple(range(4, 11))
+_TABLE_2 = "AlpacaFarm (arXiv 2305.14387) Table 2, simulated win rates"
+_RANKING_BASIS = "stated: a tenth of the way from a tie (1/2) to a sure win"
+
+
+def _ranking_claim(text: str, first: str, second: str, direction: int, published: str, seeds_basis: str,
+                   margin: float | None = None) -> Claim:
+    return Claim(text, f"{_TABLE_2}: {published}", "feedback_methods", (first, "win_rate_vs_sft"),
+                 (second, "win_rate_vs_sft"), direction, "gold win rate against the SFT start's samples",
+                 RANKING_SEEDS, family="AlpacaFarm's ranking", margin=margin,
+                 effect=None if margin is not None else RANKING_EFFECT,
+                 effect_basis=_RANKING_BASIS if margin is None else "stated: the directed parts' size, "
+                 "a tenth of the way from a tie to a sure win", seeds_basis=seeds_basis)
+
+
+RANKING_CLAIMS: tuple[Claim, ...] = (
+    _ranking_claim("PPO beats the SFT start.", "ppo", "sft", +1, "PPO 46.8, SFT 10k 36.7",
+                   "pilot sd 0.020 (3 pairs): 4 seeds; run at 7"),
+    _ranking_claim("Best-of-n beats the SFT start.", "best_of_n", "sft", +1, "best-of-1024 45.0, SFT 10k 36.7",
+                   "pilot sd 0.0085 (3 pairs): 3 seeds; run at 7"),
+    _ranking_claim("Expert iteration beats the SFT start.", "expert_iteration", "sft", +1,
+                   "expert iteration 41.9, SFT 10k 36.7", "pilot sd 0.025 (3 pairs): 5 seeds; run at 7"),
+    _ranking_claim("PPO beats best-of-n.", "ppo", "best_of_n", +1, "PPO 46.8, best-of-1024 45.0",
+                   "pilot sd 0.025 (3 pairs): 5 seeds; run at 7"),
+    _ranking_claim("PPO beats expert iteration.", "ppo", "expert_iteration", +1,
+                   "PPO 46.8, expert iteration 41.9", "pilot sd 0.036 (3 pairs): 7 seeds"),
+    _ranking_claim("Binary FeedME, supervised learning on the preferred responses, does no better than the SFT "
+                   "start.", "feedme", "sft", 0, "binary FeedME 36.6, SFT 10k 36.7",
+                   "pilot sd 0.018 (3 pairs): 4 seeds; run at 7", margin=RANKING_EFFECT),
+)
 METRICS = ("win_rate_vs_sft", "gold_reward", "proxy_reward", "kl_to_sft", "response_length")
 
 
@@ -192,6 +241,43 @@ def read_rows(directory: Path) -> list[dict]:
         raise FileNotFoundError(f"{path}: no results (python -m ppo.tasks.feedback_methods run --out {directory})")
     with path.open(newline="") as handle:
         return list(csv.DictReader(handle))
+
+
+def claim_rows(rows: Sequence[dict]) -> list[dict]:
+    """The rows of a results.csv as `ablations.claims` reads a sweep's: ablation
+    ``feedback_methods``, the method as the variant, numbers as floats."""
+    converted = []
+    for line, row in enumerate(rows, start=2):
+        try:
+            converted.append({"ablation": "feedback_methods", "variant": row["method"], "seed": int(row["seed"]),
+                              "status": row["status"],
+                              **{m: float(row[m]) if row.get(m) not in (None, "") else float("nan") for m in METRICS}})
+        except (KeyError, ValueError) as error:
+            raise ValueError(f"results.csv line {line}: bad row ({error})") from error
+    return converted
+
+
+def claims_markdown(rows: Sequence[dict], pilot: Sequence[dict]) -> str:
+    """The generated claims block: the verdicts of `RANKING_CLAIMS` on `rows`, then their power
+    analysis on the `pilot` rows (seeds 1-3 of the method table) and the provenance."""
+    from ablations.claims import claims_table
+    from ablations.power import markdown as power_markdown
+
+    return "\n".join([claims_table(claim_rows(rows), RANKING_CLAIMS), "",
+                      "The power analysis it was registered with, on the pilot (seeds "
+                      f"{', '.join(sorted({r['seed'] for r in pilot}, key=int))} of the method table):", "",
+                      power_markdown(claim_rows(pilot), RANKING_CLAIMS), "", provenance_line(rows)])
+
+
+def main_claims(directory: Path, update: str | None = None, pilot: Path = PILOT_DIR) -> int:
+    text = claims_markdown(read_rows(directory), read_rows(pilot))
+    if update:
+        page = Path(update)
+        page.write_text(replace_block(page.read_text(), CLAIMS_BLOCK, text))
+        print(f"updated the generated:{CLAIMS_BLOCK} block of {page}")
+    else:
+        print(text)
+    return 0
 
 
 def main_table(directory: Path, update: str | None = None) -> int:

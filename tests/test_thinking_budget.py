@@ -97,3 +97,40 @@ def test_eval_thinking_budget_field_is_checked_naming_it():
         PPOConfig(eval_thinking_budget=0)
     with pytest.raises(ValueError, match=r"PPOConfig\.eval_thinking_budget:.*answer marker"):
         PPOConfig(eval_thinking_budget=8, task="custom")
+
+
+def _write_budget_dir(directory, accuracies_by_seed):
+    """A committed-style budget directory: budget.csv (one checkpoint per seed) and provenance.json."""
+    from ppo.run import thinking_budget
+
+    directory.mkdir(parents=True)
+    curves = {f"seed{seed}": {budget: {"accuracy": acc, "answer_rate": 1.0, "length": 20.0}
+                              for budget, acc in zip((8, 16, 32, thinking_budget.FULL), accuracies)}
+              for seed, accuracies in accuracies_by_seed.items()}
+    thinking_budget.write_csv(curves, directory / "budget.csv")
+    (directory / "provenance.json").write_text(json.dumps({"commit": "abcdef0123", "dirty": False,
+                                                           "samples_per_prompt": 8, "seed": 0}))
+
+
+def test_budget_claims_verdicts_and_pilot_power_from_fixed_curves(tmp_path):
+    """Tested seeds 4-9: 16 over 8 by +0.10 +- 0.01 (reproduced), 32 over 16 by 0 +- 0.01 (not
+    detected), full below 32 by 0.05 (contradicted). The pilot's 16 - 8 differences 0.08, 0.10,
+    0.12 have sd 0.02: the power row reads it."""
+    from ppo.run import thinking_budget
+
+    tested = {seed: (0.2, 0.3 + 0.01 * (-1) ** seed, 0.3 + 0.01 * (-1) ** (seed // 2), 0.25 + 0.001 * seed)
+              for seed in thinking_budget.BUDGET_SEEDS}
+    pilot = {1: (0.2, 0.28, 0.3, 0.4), 2: (0.2, 0.30, 0.3, 0.4), 3: (0.2, 0.32, 0.3, 0.4)}
+    _write_budget_dir(tmp_path / "tested", tested)
+    _write_budget_dir(tmp_path / "tested" / "pilot", pilot)
+    text = thinking_budget.claims_markdown(tmp_path / "tested", tmp_path / "tested" / "pilot")
+    rows = [line for line in text.splitlines() if line.startswith("| Held-out accuracy rises")]
+    verdicts = [row.split(" | ")[-2] for row in rows[:3]]
+    assert verdicts[0] == "reproduced" and verdicts[1].startswith("not detected") and verdicts[2] == "contradicted"
+    assert "| `thinking_budget`: `budget_16` - `budget_8` in `sampled_accuracy` | directed | 0.02 " in text
+    assert "| 0.02 (3, own runs) |" in text
+    assert "Tested: commit abcdef0 (dirty: False), 8 draws per problem, evaluation seed 0." in text
+    with pytest.raises(ValueError, match="labelled seedN"):
+        thinking_budget.claim_rows({"warm start": {8: {"accuracy": 0.1}}})
+    with pytest.raises(SystemExit):
+        thinking_budget.main(["claims", str(tmp_path / "missing"), "--pilot", str(tmp_path / "tested" / "pilot")])

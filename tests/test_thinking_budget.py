@@ -132,5 +132,7 @@ def test_budget_claims_verdicts_and_pilot_power_from_fixed_curves(tmp_path):
     assert "Tested: commit abcdef0 (dirty: False), 8 draws per problem, evaluation seed 0." in text
     with pytest.raises(ValueError, match="labelled seedN"):
         thinking_budget.claim_rows({"warm start": {8: {"accuracy": 0.1}}})
+    assert thinking_budget.main(["claims", str(tmp_path / "tested"), "--pilot", str(tmp_path / "tested" / "pilot")]) == 0
+    assert (tmp_path / "tested" / "budget_mean.png").stat().st_size > 0
     with pytest.raises(SystemExit):
         thinking_budget.main(["claims", str(tmp_path / "missing"), "--pilot", str(tmp_path / "tested" / "pilot")])

@@ -27,7 +27,7 @@ power analysis; the claims are tested on the seeds registered after it::
 
     python -m ppo.run.thinking_budget RUN/seed1 RUN/seed2 RUN/seed3 --labels seed1 seed2 seed3 \\
         --budgets 8 16 32 --out PILOT
-    python -m ppo.run.thinking_budget claims DIR --pilot PILOT
+    python -m ppo.run.thinking_budget claims DIR --pilot PILOT    # also plots DIR/budget_mean.png
 
 The committed test is ``docs/results/thinking_budget_claims`` with its pilot in ``pilot/``;
 results.md's ``budget_claims:thinking_budget_claims`` block (`ablations.claims`) is generated
@@ -225,17 +225,47 @@ def claims_markdown(directory: Path, pilot: Path) -> str:
     return "\n".join(lines)
 
 
+def mean_curve_plot(curves: dict[str, dict], path: Path, response_length: int = 64) -> None:
+    """Mean held-out accuracy over the checkpoints against the budget, with its 95% Student-t
+    interval as a band; no budget is drawn at `response_length` tokens."""
+    from matplotlib.figure import Figure
+
+    from ablations.stats import mean_ci95
+
+    budgets = list(next(iter(curves.values())))
+    xs = [response_length if b == FULL else b for b in budgets]
+    stats = [mean_ci95(curve[b]["accuracy"] for curve in curves.values()) for b in budgets]
+    means = [s["mean"] for s in stats]
+    figure = Figure(figsize=(6, 4))
+    ax = figure.add_subplot()
+    ax.plot(xs, means, marker="o", color="C0", label=f"mean of {len(curves)} checkpoints")
+    ax.fill_between(xs, [m - s["ci"] for m, s in zip(means, stats)], [m + s["ci"] for m, s in zip(means, stats)],
+                    color="C0", alpha=0.25, label="95% interval over checkpoints")
+    ax.set_xticks(xs, [str(b) for b in budgets])
+    ax.set_xlabel("thinking budget (tokens before the answer marker is forced)")
+    ax.set_ylabel("held-out sampled accuracy")
+    ax.set_title("Accuracy against the thinking budget, trained PPO policies")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
 def claims_main(argv: Sequence[str]) -> int:
-    """``python -m ppo.run.thinking_budget claims DIR --pilot PILOT``: prints `claims_markdown`."""
+    """``python -m ppo.run.thinking_budget claims DIR --pilot PILOT``: prints `claims_markdown`
+    and writes ``DIR/budget_mean.png`` (`mean_curve_plot`)."""
     parser = argparse.ArgumentParser(prog="python -m ppo.run.thinking_budget claims",
                                      description="Qwen3's budget scaling as registered claims, tested on DIR")
     parser.add_argument("directory", help="the tested checkpoints' --out directory (budget.csv, provenance.json)")
     parser.add_argument("--pilot", required=True, help="the pilot checkpoints' --out directory")
     args = parser.parse_args(list(argv))
+    directory = Path(args.directory)
     try:
-        print(claims_markdown(Path(args.directory), Path(args.pilot)))
+        print(claims_markdown(directory, Path(args.pilot)))
+        mean_curve_plot(read_csv(directory / "budget.csv"), directory / "budget_mean.png")
     except (OSError, ValueError, KeyError) as error:
         parser.error(str(error))
+    print(f"wrote {directory / 'budget_mean.png'}")
     return 0
 
 

@@ -120,9 +120,14 @@ def plot(curves: dict[str, dict], path: Path) -> None:
         budgets = [b for b in curve if b != FULL]
         ax.plot(budgets, [curve[b]["accuracy"] for b in budgets], marker="o", color=colour, label=label)
         ax.axhline(curve[FULL]["accuracy"], color=colour, linestyle=":", linewidth=1)
+    _finish(figure, ax, "Accuracy against the thinking budget (dotted: no budget)", path)
+
+
+def _finish(figure, ax, title: str, path: Path) -> None:
+    """The budget plots' shared axes labels, grid and legend; saved to `path`."""
     ax.set_xlabel("thinking budget (tokens before the answer marker is forced)")
     ax.set_ylabel("held-out sampled accuracy")
-    ax.set_title("Accuracy against the thinking budget (dotted: no budget)")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend()
     figure.tight_layout()
@@ -242,13 +247,7 @@ def mean_curve_plot(curves: dict[str, dict], path: Path, response_length: int = 
     ax.fill_between(xs, [m - s["ci"] for m, s in zip(means, stats)], [m + s["ci"] for m, s in zip(means, stats)],
                     color="C0", alpha=0.25, label="95% interval over checkpoints")
     ax.set_xticks(xs, [str(b) for b in budgets])
-    ax.set_xlabel("thinking budget (tokens before the answer marker is forced)")
-    ax.set_ylabel("held-out sampled accuracy")
-    ax.set_title("Accuracy against the thinking budget, trained PPO policies")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    _finish(figure, ax, "Accuracy against the thinking budget, trained PPO policies", path)
 
 
 def claims_main(argv: Sequence[str]) -> int:

@@ -269,23 +269,20 @@ def claims_markdown(rows: Sequence[dict], pilot: Sequence[dict]) -> str:
                       power_markdown(claim_rows(pilot), RANKING_CLAIMS), "", provenance_line(rows)])
 
 
-def main_claims(directory: Path, update: str | None = None, pilot: Path = PILOT_DIR) -> int:
-    text = claims_markdown(read_rows(directory), read_rows(pilot))
+def _print_or_update(text: str, block: str, update: str | None) -> int:
+    """Print `text`, or with `update` write it into that file's ``generated:BLOCK`` block."""
     if update:
         page = Path(update)
-        page.write_text(replace_block(page.read_text(), CLAIMS_BLOCK, text))
-        print(f"updated the generated:{CLAIMS_BLOCK} block of {page}")
+        page.write_text(replace_block(page.read_text(), block, text))
+        print(f"updated the generated:{block} block of {page}")
     else:
         print(text)
     return 0
+
+
+def main_claims(directory: Path, update: str | None = None, pilot: Path = PILOT_DIR) -> int:
+    return _print_or_update(claims_markdown(read_rows(directory), read_rows(pilot)), CLAIMS_BLOCK, update)
 
 
 def main_table(directory: Path, update: str | None = None) -> int:
-    text = markdown(read_rows(directory))
-    if update:
-        page = Path(update)
-        page.write_text(replace_block(page.read_text(), BLOCK, text))
-        print(f"updated the generated:{BLOCK} block of {page}")
-    else:
-        print(text)
-    return 0
+    return _print_or_update(markdown(read_rows(directory)), BLOCK, update)

@@ -12,6 +12,7 @@ Commands::
     python -m ablations noise SWEEP_DIR [--draws 4] [--samples-per-prompt 1,16] [--seeds 5] [--json FILE]
     python -m ablations aa SWEEP_DIR [--verdict-seeds 5] [--json FILE]
     python -m ablations power [RESULTS] [--update docs/results.md]
+    python -m ablations budget-claims DIR [--update docs/results.md]
 
 ``run`` takes registered ablations or ablation files (YAML/TOML, `ablations.ablation_files`)
 and writes one ``ppo-train`` run directory per variant x seed under ``DIR/<ablation>/``
@@ -268,13 +269,15 @@ def build_parser() -> argparse.ArgumentParser:
                         add_help=False)
     commands.add_parser("power", help="the seeds each registered claim's test needs for 80%% power, from a pilot "
                         "(python -m ablations power --help)", add_help=False)
+    commands.add_parser("budget-claims", help="Qwen3's thinking-budget scaling as registered claims, tested on "
+                        "checkpoints' budget curves (python -m ablations budget-claims --help)", add_help=False)
     commands.add_parser("reproduce", help="rerun (or find complete) every sweep behind docs/results.md and "
                         "regenerate its tables (python -m ablations reproduce --help)", add_help=False)
     return parser
 
 
 # Commands with their own parser: main() hands everything after the name to ablations.<name>.main.
-DELEGATED = ("claims", "estimate", "reproduce", "noise", "aa", "power")
+DELEGATED = ("claims", "estimate", "reproduce", "noise", "aa", "power", "budget-claims")
 # Commands that moved to `python -m ppo.benchmarks` (the benchmarks measure the loop, not a toggle).
 MOVED_TO_BENCHMARKS = ("bench", "speed", "memory")
 
@@ -286,7 +289,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return USAGE_ERROR
     if argv and argv[0] in DELEGATED:
-        module = importlib.import_module(f".{argv[0]}", __package__)
+        module = importlib.import_module(f".{argv[0].replace('-', '_')}", __package__)
         return module.main(argv[1:]) or 0
     args = build_parser().parse_args(argv)
     try:

@@ -495,9 +495,7 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
     ``gains:DIR`` (each variant's gain over its start in that sweep), ``extras:DIR`` (each
     variant's metric and extra metrics in that sweep, at the end and over the run), ``starts:DIR`` (the spread
     of its runs' start evaluations), ``budget:DIR`` (the thinking-budget curve in
-    docs/results/DIR/budget.csv, `ppo.run.thinking_budget`), ``budget_claims:DIR`` (Qwen3's budget
-    scaling as registered claims, tested on docs/results/DIR/budget.csv with DIR/pilot as the
-    pilot, `ppo.run.thinking_budget.claims_markdown`), ``noise:NAME`` and
+    docs/results/DIR/budget.csv, `ppo.run.thinking_budget`), ``noise:NAME`` and
     ``aa:NAME`` (the noise budget and A/A check saved in docs/results/data/noise_NAME.json,
     aa_NAME.json)."""
     tables = {}
@@ -531,11 +529,6 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
             from ppo.run.thinking_budget import read_csv, table
 
             tables[name] = table(read_csv(RESULTS_DIR / name.split(":", 1)[1] / "budget.csv"))
-        elif name.startswith("budget_claims:"):  # the budget claims, tested on docs/results/DIR, pilot DIR/pilot
-            from ppo.run.thinking_budget import claims_markdown
-
-            directory = RESULTS_DIR / name.split(":", 1)[1]
-            tables[name] = claims_markdown(directory, directory / "pilot")
         elif name.startswith(("noise:", "aa:")):  # docs/results/data/noise_NAME.json, aa_NAME.json
             kind, label = name.split(":", 1)
             tables[name] = instrument_table(kind, RESULTS_DIR / "data" / f"{kind}_{label}.json")
@@ -547,7 +540,6 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
         else:
             raise ValueError(f"unknown generated block {name!r} (claims, glance, table:ABLATION, "
                              "pairs:ABLATION:VARIANT, glance:DIR, claims:DIR, gains:DIR, extras:DIR, starts:DIR, budget:DIR, "
-                             "budget_claims:DIR, "
                              "noise:NAME or aa:NAME)")
     return tables
 
@@ -557,13 +549,15 @@ OTHER_COMMANDS_BLOCKS = {"power": "python -m ablations power --update FILE",
                          "power:DIR": "python -m ablations power docs/results/DIR/results.csv --update FILE --block power:DIR",
                          "reward_model": "python -m ppo.tasks.rlhf describe --update FILE",
                          "feedback_methods": "python -m ppo.tasks.feedback_methods table DIR --update FILE",
-                         "feedback_claims": "python -m ppo.tasks.feedback_methods claims DIR --update FILE"}
+                         "feedback_claims": "python -m ppo.tasks.feedback_methods claims DIR --update FILE",
+                         "budget_claims:DIR": "python -m ablations budget-claims docs/results/DIR --update FILE"}
 
 
 def written_elsewhere(name: str) -> str:
     """The command that writes the generated block `name`, when it is not this one's; else ""."""
-    if name.startswith("power:"):
-        return OTHER_COMMANDS_BLOCKS["power:DIR"].replace("DIR", name.split(":", 1)[1])
+    for prefix in ("power:", "budget_claims:"):
+        if name.startswith(prefix):
+            return OTHER_COMMANDS_BLOCKS[prefix + "DIR"].replace("DIR", name.split(":", 1)[1])
     return OTHER_COMMANDS_BLOCKS.get(name, "")
 
 

@@ -112,18 +112,19 @@ def _write_budget_dir(directory, accuracies_by_seed):
                                                            "samples_per_prompt": 8, "seed": 0}))
 
 
-def test_budget_claims_verdicts_and_pilot_power_from_fixed_curves(tmp_path):
-    """Tested seeds 4-9: 16 over 8 by +0.10 +- 0.01 (reproduced), 32 over 16 by 0 +- 0.01 (not
+def test_budget_claims_verdicts_and_pilot_power_from_fixed_curves(tmp_path, capsys):
+    """Tested seeds 4-15: 16 over 8 by +0.10 +- 0.01 (reproduced), 32 over 16 by 0 +- 0.01 (not
     detected), full below 32 by 0.05 (contradicted). The pilot's 16 - 8 differences 0.08, 0.10,
     0.12 have sd 0.02: the power row reads it."""
-    from ppo.run import thinking_budget
+    from ablations import budget_claims
+    from ablations.__main__ import main as ablations_main
 
     tested = {seed: (0.2, 0.3 + 0.01 * (-1) ** seed, 0.3 + 0.01 * (-1) ** (seed // 2), 0.25 + 0.001 * seed)
-              for seed in thinking_budget.BUDGET_SEEDS}
+              for seed in budget_claims.BUDGET_SEEDS}
     pilot = {1: (0.2, 0.28, 0.3, 0.4), 2: (0.2, 0.30, 0.3, 0.4), 3: (0.2, 0.32, 0.3, 0.4)}
     _write_budget_dir(tmp_path / "tested", tested)
     _write_budget_dir(tmp_path / "tested" / "pilot", pilot)
-    text = thinking_budget.claims_markdown(tmp_path / "tested", tmp_path / "tested" / "pilot")
+    text = budget_claims.claims_markdown(tmp_path / "tested")
     rows = [line for line in text.splitlines() if line.startswith("| Held-out accuracy rises")]
     verdicts = [row.split(" | ")[-2] for row in rows[:3]]
     assert verdicts[0] == "reproduced" and verdicts[1].startswith("not detected") and verdicts[2] == "contradicted"
@@ -131,8 +132,30 @@ def test_budget_claims_verdicts_and_pilot_power_from_fixed_curves(tmp_path):
     assert "| 0.02 (3, own runs) |" in text
     assert "Tested: commit abcdef0 (dirty: False), 8 draws per problem, evaluation seed 0." in text
     with pytest.raises(ValueError, match="labelled seedN"):
-        thinking_budget.claim_rows({"warm start": {8: {"accuracy": 0.1}}})
-    assert thinking_budget.main(["claims", str(tmp_path / "tested"), "--pilot", str(tmp_path / "tested" / "pilot")]) == 0
+        budget_claims.claim_rows({"warm start": {8: {"accuracy": 0.1}}})
+    page = tmp_path / "page.md"
+    page.write_text("a\n<!-- generated:budget_claims:tested -->\nold\n<!-- /generated:budget_claims:tested -->\n")
+    assert ablations_main(["budget-claims", str(tmp_path / "tested"), "--update", str(page)]) == 0
+    assert "| Held-out accuracy rises" in page.read_text() and "\nold\n" not in page.read_text()
     assert (tmp_path / "tested" / "budget_mean.png").stat().st_size > 0
     with pytest.raises(SystemExit):
-        thinking_budget.main(["claims", str(tmp_path / "missing"), "--pilot", str(tmp_path / "tested" / "pilot")])
+        budget_claims.main([str(tmp_path / "missing")])
+    assert "budget.csv" in capsys.readouterr().err
+
+
+def test_budget_claims_block_of_results_md_is_generated_from_the_committed_curves():
+    """results.md's block is the verdicts on the committed checkpoints (seeds 4-15, every
+    registered seed present) with the committed pilot, both evaluated from clean commits."""
+    from pathlib import Path
+
+    from ablations import budget_claims
+    from ablations.doc_blocks import generated_block
+    from ppo.run.thinking_budget import read_csv
+
+    root = Path(__file__).resolve().parents[1]
+    directory = root / "docs" / "results" / "thinking_budget_claims"
+    block = generated_block((root / "docs" / "results.md").read_text(), "budget_claims:thinking_budget_claims")
+    assert block == budget_claims.claims_markdown(directory).strip()
+    assert {f"seed{s}" for s in budget_claims.BUDGET_SEEDS} <= set(read_csv(directory / "budget.csv"))
+    for where in (directory, directory / "pilot"):
+        assert json.loads((where / "provenance.json").read_text())["dirty"] is False

@@ -19,21 +19,8 @@ A checkpoint is ``warm`` (the pinned SFT warm start), a run directory (its newes
 checkpoint's policy), or any local Hugging Face causal-LM directory. "full" in the table is
 the plain evaluation at the response length, no marker forced.
 
-**Qwen3's budget scaling as registered claims** (`BUDGET_CLAIMS`): accuracy rises with the
-budget, from 8 to 16 to 32 tokens and from 32 to none, each a paired test over trained runs
-(one checkpoint per training seed, labelled ``seedN``; every budget of a checkpoint sees the
-same draws), with Holm's correction over the three parts. Seeds 1-3 are the pilot of the
-power analysis; the claims are tested on the seeds registered after it::
-
-    python -m ppo.run.thinking_budget RUN/seed1 RUN/seed2 RUN/seed3 --labels seed1 seed2 seed3 \\
-        --budgets 8 16 32 --out PILOT
-    python -m ppo.run.thinking_budget claims DIR --pilot PILOT    # also plots DIR/budget_mean.png
-
-The committed test is ``docs/results/thinking_budget_claims`` with its pilot in ``pilot/``;
-results.md's ``budget_claims:thinking_budget_claims`` block (`ablations.claims`) is generated
-from it.
-
-(``claims`` as the first argument selects this command; a checkpoint cannot be called that.)
+Qwen3's budget scaling is registered as claims tested on such curves, one checkpoint per
+training seed: `ablations.budget_claims` (``python -m ablations budget-claims``).
 """
 
 from __future__ import annotations
@@ -51,13 +38,6 @@ from ppo.run.evaluation import preserve_rng_state, score_generations
 from ppo.tasks import ArithmeticTask
 
 FULL = "full"  # the budget column of the unbudgeted evaluation
-# Registered after the pilot and before the tested checkpoints were evaluated. The checkpoints
-# are the final policies of the `clip` arm of the powered kl_clip_at_zero rerun (AlpacaFarm's PPO,
-# 60 steps, 15 seeds, commit debe9b8): seeds 1-3 the pilot (8 draws per problem, evaluation
-# seed 0), seeds 4-15 tested, as many as the noisiest part needs.
-BUDGET_SEEDS = tuple(range(4, 16))
-BUDGET_SEEDS_BASIS = ("pilot sd 0.0149 (3 pairs): 7 seeds; run at 12", "pilot sd 0.0110 (3 pairs): 5 seeds; run at 12",
-                      "pilot sd 0.0215 (3 pairs): 12 seeds")
 
 
 def policy_directory(checkpoint: str) -> Path:
@@ -175,61 +155,6 @@ def write_provenance(path: Path, labels: Sequence[str], checkpoints: Sequence[st
     path.write_text(json.dumps(record, indent=2) + "\n")
 
 
-def _budget_claims():
-    """`BUDGET_CLAIMS`, built on first use (the claim type lives in `ablations`)."""
-    from ablations.definitions import Claim
-
-    source = "Qwen3 (arXiv 2505.09388, sec. 4.3: performance scales with the thinking budget)"
-    basis = "stated: a third of the 60-step GRPO gain of the earlier sweep (+0.059)"
-    parts = ((16, 8), (32, 16), (FULL, 32))
-    return tuple(Claim(f"Held-out accuracy rises with the thinking budget: "
-                       f"{'no budget' if more == FULL else f'{more} tokens'} over {less} tokens.", source,
-                       "thinking_budget", (budget_variant(more), "sampled_accuracy"),
-                       (budget_variant(less), "sampled_accuracy"), +1,
-                       "held-out sampled accuracy of the trained policy (8 draws per problem)", BUDGET_SEEDS,
-                       family="thinking budget", effect=0.02, effect_basis=basis, seeds_basis=BUDGET_SEEDS_BASIS[i])
-                 for i, (more, less) in enumerate(parts))
-
-
-def budget_variant(budget) -> str:
-    """The variant name of a budget in the claims' rows: ``budget_16``, ``full``."""
-    return FULL if budget == FULL else f"budget_{budget}"
-
-
-def claim_rows(curves: dict[str, dict]) -> list[dict]:
-    """Curves (`read_csv`) as the rows `ablations.claims` tests: one per (checkpoint, budget),
-    the checkpoint's label ``seedN`` as the seed. Raises ValueError for another label."""
-    rows = []
-    for label, curve in curves.items():
-        if not (label.startswith("seed") and label[4:].isdigit()):
-            raise ValueError(f"checkpoint {label!r}: the claims need one checkpoint per training seed, "
-                             "labelled seedN (--labels seed1 seed2 ...)")
-        rows += [{"ablation": "thinking_budget", "variant": budget_variant(budget), "seed": int(label[4:]),
-                  "status": "ok", "sampled_accuracy": summary["accuracy"]} for budget, summary in curve.items()]
-    return rows
-
-
-def claims_markdown(directory: Path, pilot: Path) -> str:
-    """The verdicts of `BUDGET_CLAIMS` on ``DIRECTORY/budget.csv``, the power analysis on the
-    pilot's, and the provenance of both."""
-    import json
-
-    from ablations.claims import claims_table
-    from ablations.power import markdown as power_markdown
-
-    claims = _budget_claims()
-    pilot_rows = claim_rows(read_csv(pilot / "budget.csv"))
-    lines = [claims_table(claim_rows(read_csv(directory / "budget.csv")), claims), "",
-             "The power analysis it was registered with, on the pilot (checkpoints "
-             f"{', '.join(f'seed{s}' for s in sorted({r['seed'] for r in pilot_rows}))}):", "",
-             power_markdown(pilot_rows, claims), ""]
-    for name, where in (("Tested", directory), ("Pilot", pilot)):
-        record = json.loads((where / "provenance.json").read_text())
-        lines.append(f"{name}: commit {record['commit'][:7]} (dirty: {record['dirty']}), "
-                     f"{record['samples_per_prompt']} draws per problem, evaluation seed {record['seed']}.")
-    return "\n".join(lines)
-
-
 def mean_curve_plot(curves: dict[str, dict], path: Path, response_length: int = 64) -> None:
     """Mean held-out accuracy over the checkpoints against the budget, with its 95% Student-t
     interval as a band; no budget is drawn at `response_length` tokens."""
@@ -250,28 +175,7 @@ def mean_curve_plot(curves: dict[str, dict], path: Path, response_length: int = 
     _finish(figure, ax, "Accuracy against the thinking budget, trained PPO policies", path)
 
 
-def claims_main(argv: Sequence[str]) -> int:
-    """``python -m ppo.run.thinking_budget claims DIR --pilot PILOT``: prints `claims_markdown`
-    and writes ``DIR/budget_mean.png`` (`mean_curve_plot`)."""
-    parser = argparse.ArgumentParser(prog="python -m ppo.run.thinking_budget claims",
-                                     description="Qwen3's budget scaling as registered claims, tested on DIR")
-    parser.add_argument("directory", help="the tested checkpoints' --out directory (budget.csv, provenance.json)")
-    parser.add_argument("--pilot", required=True, help="the pilot checkpoints' --out directory")
-    args = parser.parse_args(list(argv))
-    directory = Path(args.directory)
-    try:
-        print(claims_markdown(directory, Path(args.pilot)))
-        mean_curve_plot(read_csv(directory / "budget.csv"), directory / "budget_mean.png")
-    except (OSError, ValueError, KeyError) as error:
-        parser.error(str(error))
-    print(f"wrote {directory / 'budget_mean.png'}")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["claims"]:
-        return claims_main(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m ppo.run.thinking_budget", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoints", nargs="+", help="'warm', run directories or model directories")
     parser.add_argument("--labels", nargs="+", help="one name per checkpoint for the table and plot")

@@ -340,7 +340,11 @@ def test_ctrl_c_in_ppo_train_prints_the_resume_line(tmp_path, tiny_model_dir):
             time.sleep(0.2)
         assert list(run.glob("checkpoints/step_*/state.json")), "no checkpoint within 300 s"
         process.send_signal(signal.SIGINT)
-        _, err = process.communicate(timeout=300)
+        try:
+            _, err = process.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            pytest.fail("ppo-train still running 300 s after Ctrl-C; its stderr ends:\n" + process.communicate()[1][-3000:])
     finally:
         if process.poll() is None:
             process.kill()

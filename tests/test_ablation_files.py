@@ -330,7 +330,11 @@ def test_ctrl_c_in_ppo_train_prints_the_resume_line(tmp_path, tiny_model_dir):
                "--total-steps", "100000", "--threads", "1", "--progress", "false", "--output-dir", str(run)]
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     env.pop("PPO_TRACEBACK", None)
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # A pytest-xdist worker runs with SIGINT ignored, and a child inherits that (Python then
+    # raises no KeyboardInterrupt at all): the run gets Ctrl-C's default disposition back, as
+    # in a terminal.
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                               preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         # Generous limits: under `make test` the run shares 2 cores with another pytest worker
         # (a 60 s limit once ran out there), and the signal must arrive after the first checkpoint.

@@ -582,11 +582,18 @@ def test_ctrl_c_swallowed_by_a_finaliser_still_stops_the_loop():
             for _ in range(1000):
                 pass
 
-    with CtrlCWatch() as watch:
-        watch.check()  # nothing pressed: nothing raised
-        InterruptedWhileCollected()  # collected at once; its KeyboardInterrupt is "ignored"
-        gc.collect()
-        assert watch.requested
-        with pytest.raises(KeyboardInterrupt):
-            watch.check()
-    assert signals.getsignal(signals.SIGINT) is signals.default_int_handler
+    inherited = signals.signal(signals.SIGINT, signals.default_int_handler)  # an xdist worker ignores SIGINT
+    try:
+        with CtrlCWatch() as watch:
+            watch.check()  # nothing pressed: nothing raised
+            InterruptedWhileCollected()  # collected at once; its KeyboardInterrupt is "ignored"
+            gc.collect()
+            assert watch.requested
+            with pytest.raises(KeyboardInterrupt):
+                watch.check()
+        assert signals.getsignal(signals.SIGINT) is signals.default_int_handler
+        signals.signal(signals.SIGINT, signals.SIG_IGN)  # started with Ctrl-C ignored: the watch leaves it so
+        with CtrlCWatch():
+            assert signals.getsignal(signals.SIGINT) is signals.SIG_IGN
+    finally:
+        signals.signal(signals.SIGINT, inherited)

@@ -6,6 +6,10 @@ pass), the interpreter prints "Exception ignored in ..." and carries on: a run t
 would train on to its last step. `CtrlCWatch` keeps the usual behaviour (the interrupt is
 raised at once) and also records it; `CtrlCWatch.check`, called once per step by the loop,
 raises it again if it was lost, so the run stops at the end of that step at the latest.
+
+A process started with SIGINT ignored (a shell's background job, a pytest-xdist worker's
+child) keeps ignoring it: Python installs no KeyboardInterrupt for an ignored SIGINT, and the
+watch does not either, as the parent asked.
 """
 
 from __future__ import annotations

@@ -563,37 +563,3 @@ def test_sigterm_to_the_sweep_command_prints_one_line_not_a_traceback(tmp_path, 
     monkeypatch.setattr(runner, "run_sweep", interrupted)
     assert main(["run", "quick", "--seeds", "1", "--out", str(tmp_path / "s")]) == 130
     assert "interrupted: stopped" in capsys.readouterr().err
-
-
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the finaliser's, on purpose
-def test_ctrl_c_swallowed_by_a_finaliser_still_stops_the_loop():
-    """A KeyboardInterrupt raised inside a ``__del__`` is printed and dropped by Python; the
-    watch the training loop runs under remembers the Ctrl-C, so its per-step check raises it.
-    Outside the watch Python's own handler is back."""
-    import gc
-    import os
-    import signal as signals
-
-    from ppo.run.interrupts import CtrlCWatch
-
-    class InterruptedWhileCollected:
-        def __del__(self):
-            os.kill(os.getpid(), signals.SIGINT)  # the handler runs here, inside the finaliser
-            for _ in range(1000):
-                pass
-
-    inherited = signals.signal(signals.SIGINT, signals.default_int_handler)  # an xdist worker ignores SIGINT
-    try:
-        with CtrlCWatch() as watch:
-            watch.check()  # nothing pressed: nothing raised
-            InterruptedWhileCollected()  # collected at once; its KeyboardInterrupt is "ignored"
-            gc.collect()
-            assert watch.requested
-            with pytest.raises(KeyboardInterrupt):
-                watch.check()
-        assert signals.getsignal(signals.SIGINT) is signals.default_int_handler
-        signals.signal(signals.SIGINT, signals.SIG_IGN)  # started with Ctrl-C ignored: the watch leaves it so
-        with CtrlCWatch():
-            assert signals.getsignal(signals.SIGINT) is signals.SIG_IGN
-    finally:
-        signals.signal(signals.SIGINT, inherited)

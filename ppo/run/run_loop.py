@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable
 from tqdm.auto import tqdm
 
 from ppo.parallel import distributed, sharding
-from ppo.run import interrupts, provenance, run_dir, run_lock, trackers
+from ppo.run import provenance, run_dir, run_lock, trackers
 from ppo.run.evaluation import evaluate as evaluate_policy
 from ppo.run.evaluation import preserve_rng_state
 from ppo.run.guards import NonFiniteError, RewardFunctionError
@@ -134,8 +134,7 @@ class TrainingRun:
         if refusal is not None:
             raise run_dir.RunDirectoryError(refusal)
         try:
-            with interrupts.CtrlCWatch() as self.ctrl_c:
-                return self._train(resume, stop_after, restart, allow_changes)
+            return self._train(resume, stop_after, restart, allow_changes)
         finally:
             if self.trackers is not None:
                 self.trackers.close()
@@ -199,7 +198,6 @@ class TrainingRun:
         final_eval = None
         end = cfg.total_steps if stop_after is None else min(stop_after, cfg.total_steps)
         while state.step < end:
-            self.ctrl_c.check()  # a Ctrl-C whose KeyboardInterrupt Python swallowed stops the run here
             try:
                 metrics = self.train_step()
             except RewardFunctionError as error:

@@ -73,16 +73,14 @@ def claim_rows(curves: dict[str, dict]) -> list[dict]:
 def claims_markdown(directory: Path, pilot: Path | None = None) -> str:
     """The verdicts of `BUDGET_CLAIMS` on ``DIRECTORY/budget.csv``, the power analysis on the
     pilot's (default ``DIRECTORY/pilot``), and the provenance of both."""
-    from .claims import claims_table
-    from .power import markdown as power_markdown
+    from .power import verdicts_with_power
 
     directory = Path(directory)
     pilot = Path(pilot) if pilot is not None else directory / "pilot"
     pilot_rows = claim_rows(read_csv(pilot / "budget.csv"))
-    lines = [claims_table(claim_rows(read_csv(directory / "budget.csv")), BUDGET_CLAIMS), "",
-             "The power analysis it was registered with, on the pilot (checkpoints "
-             f"{', '.join(f'seed{s}' for s in sorted({r['seed'] for r in pilot_rows}))}):", "",
-             power_markdown(pilot_rows, BUDGET_CLAIMS), ""]
+    checkpoints = ", ".join(f"seed{s}" for s in sorted({r["seed"] for r in pilot_rows}))
+    lines = [verdicts_with_power(claim_rows(read_csv(directory / "budget.csv")), pilot_rows, BUDGET_CLAIMS,
+                                 f"checkpoints {checkpoints}"), ""]
     for name, where in (("Tested", directory), ("Pilot", pilot)):
         record = json.loads((where / "provenance.json").read_text())
         lines.append(f"{name}: commit {record['commit'][:7]} (dirty: {record['dirty']}), "

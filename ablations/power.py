@@ -156,6 +156,16 @@ def markdown(rows: Sequence[dict], claims: Sequence[Claim], aa: dict | None = No
     return "\n".join(lines)
 
 
+def verdicts_with_power(rows: Sequence[dict], pilot_rows: Sequence[dict], claims: Sequence[Claim],
+                        pilot_name: str) -> str:
+    """The verdicts of `claims` on `rows` (`ablations.claims.claims_table`), then the power
+    analysis they were registered with, on `pilot_rows` (`pilot_name` says which runs)."""
+    from .claims import claims_table
+
+    return "\n".join([claims_table(rows, claims), "", f"The power analysis it was registered with, on the pilot "
+                      f"({pilot_name}):", "", markdown(pilot_rows, claims)])
+
+
 def power_table(source: str | Path) -> str:
     """The power table of the claims tested on `source` (a sweep directory or its
     ``results.csv``, the pilot): the registered `CLAIMS` of the ablations it holds, as

@@ -260,13 +260,11 @@ def claim_rows(rows: Sequence[dict]) -> list[dict]:
 def claims_markdown(rows: Sequence[dict], pilot: Sequence[dict]) -> str:
     """The generated claims block: the verdicts of `RANKING_CLAIMS` on `rows`, then their power
     analysis on the `pilot` rows (seeds 1-3 of the method table) and the provenance."""
-    from ablations.claims import claims_table
-    from ablations.power import markdown as power_markdown
+    from ablations.power import verdicts_with_power
 
-    return "\n".join([claims_table(claim_rows(rows), RANKING_CLAIMS), "",
-                      "The power analysis it was registered with, on the pilot (seeds "
-                      f"{', '.join(sorted({r['seed'] for r in pilot}, key=int))} of the method table):", "",
-                      power_markdown(claim_rows(pilot), RANKING_CLAIMS), "", provenance_line(rows)])
+    seeds = ", ".join(sorted({r["seed"] for r in pilot}, key=int))
+    return "\n".join([verdicts_with_power(claim_rows(rows), claim_rows(pilot), RANKING_CLAIMS,
+                                          f"seeds {seeds} of the method table"), "", provenance_line(rows)])
 
 
 def _print_or_update(text: str, block: str, update: str | None) -> int:

@@ -144,7 +144,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                partition=args.partition, time_min=args.time_min)
         result = run_sweep(ablations, sweep_dir, seeds=args.seeds, steps=args.steps,
                            workers=args.workers, threads=args.threads, timeout=args.timeout, progress=True, reuse=not args.no_reuse,
-                           backend=backend, compile_forward=args.compile, report_to=_tracker_names(args.report_to))
+                           backend=backend, compile_forward=args.compile, report_to=_tracker_names(args.report_to),
+                           first_seed=args.first_seed)
     except (ValueError, BackendUnavailable, TrackerError) as error:
         print(f"run: {error}", file=sys.stderr)
         return USAGE_ERROR
@@ -209,6 +210,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "(my.yaml / my.toml: docs/sweeps.md, 'Your own ablation')")
     run.add_argument("--seeds", type=_positive_int, default=None,
                      help="seeds per variant (1..N; default: the ablation file's `seeds`, else 3)")
+    run.add_argument("--first-seed", type=_positive_int, default=1,
+                     help="the first seed (default 1): --first-seed 7 --seeds 8 runs seeds 7-14, fresh seeds for "
+                          "a claim re-registered after an earlier test (its pilot) used seeds 1-6")
     run.add_argument("--steps", type=_positive_int, default=None,
                      help="RL steps per run (default: the ablation's own, else the preset's testbed value)")
     run.add_argument("--workers", type=_positive_int, default=None,

@@ -167,6 +167,7 @@ def missing_planned_runs(sweep_dir: Path, rows: Sequence[dict]) -> list[str]:
     from .registry import ABLATIONS, check_name
 
     recorded = plan.get("variants") if isinstance(plan.get("variants"), dict) else {}
+    first = plan.get("first_seed") if type(plan.get("first_seed")) is int else 1
     present = {(r["ablation"], r["variant"], r["seed"]) for r in rows}
     missing = []
     for ablation in plan.get("ablations", []):
@@ -176,7 +177,7 @@ def missing_planned_runs(sweep_dir: Path, rows: Sequence[dict]) -> list[str]:
             variants = [v.name for v in ABLATIONS[ablation].variants]
         for variant in variants or []:
             check_name(f"sweep.json: ablation {ablation!r}: variant", variant)
-            missing += [f"{ablation}/{variant}/seed{seed}" for seed in range(1, plan["seeds"] + 1)
+            missing += [f"{ablation}/{variant}/seed{seed}" for seed in range(first, first + plan["seeds"])
                         if (ablation, variant, seed) not in present]
     return missing
 

@@ -101,7 +101,7 @@ def _command_line() -> str:
 
 def _write_sweep_json(sweep_dir: Path, names: list[str], seeds: int | dict, steps: int | None, workers: int | None,
                       backend: dict, compile_forward: bool = False, report_to: list[str] | None = None,
-                      variants: dict[str, list[str]] | None = None) -> None:
+                      variants: dict[str, list[str]] | None = None, first_seed: int = 1) -> None:
     """Record what was asked for; ablations (and each one's variants) accumulate so one dir can
     hold several sweeps. The report lists the planned runs it finds no directory for."""
     path = sweep_dir / "sweep.json"
@@ -121,6 +121,7 @@ def _write_sweep_json(sweep_dir: Path, names: list[str], seeds: int | dict, step
         "ablations": ablations,
         "variants": planned,
         "seeds": seeds,
+        "first_seed": first_seed,
         "steps": steps,
         "workers": workers,
         "compile_forward": compile_forward,
@@ -165,11 +166,12 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
               steps: int | None = None, workers: int | None = None, timeout: float | None = None,
               progress: bool = True, reuse: bool = True, backend: "Backend | None" = None,
               threads: int | None = None, compile_forward: bool = False,
-              report_to: list[str] | None = None, reuse_from: "Iterable[str | Path]" = ()) -> SweepResult:
+              report_to: list[str] | None = None, reuse_from: "Iterable[str | Path]" = (),
+              first_seed: int = 1) -> SweepResult:
     """Run every variant x seed of the named ablations into `sweep_dir`; see the module doc.
 
-    `seeds` runs seeds 1..seeds of every variant (None: each ablation's own `seeds`, else
-    `DEFAULT_SEEDS`). Before any run, each ablation's definition is stored in the sweep
+    `seeds` runs that many seeds of every variant, from `first_seed` (default: seeds
+    1..seeds; None: each ablation's own `seeds`, else `DEFAULT_SEEDS`). Before any run, each ablation's definition is stored in the sweep
     directory, or checked against the one stored there (`store_definitions`: a changed base,
     metric or variant is refused); an unusable `sweep_dir` raises ValueError naming it.
     `backend` says where the runs execute (`ablations.backends`); the default is a local
@@ -209,7 +211,7 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
     # Absolute, so a run's paths mean the same thing on a worker with another working directory.
     sweep_dir = Path(sweep_dir).absolute()
     seeds_of = {a.name: seeds if seeds is not None else getattr(a, "seeds", None) or DEFAULT_SEEDS for a in ablations}
-    specs = [spec for ablation in ablations for spec in plan_runs(ablation, seeds_of[ablation.name], steps, sweep_dir)]
+    specs = [spec for ablation in ablations for spec in plan_runs(ablation, seeds_of[ablation.name], steps, sweep_dir, first_seed)]
     for spec in specs:
         spec.config = tracked_config(spec, sweep_dir.name, report_to)
         spec.config = sweep_config(spec.config, threads, compile_forward)
@@ -226,7 +228,7 @@ def run_sweep(ablation_names: "Iterable[str | Ablation]", sweep_dir: str | Path,
     # The threads every run was given (its provenance records the same), not the backend's default.
     _write_sweep_json(sweep_dir, names, seeds if seeds is not None else seeds_of, steps, workers,
                       {**backend.describe(), "threads_per_run": threads}, compile_forward, report_to,
-                      {a.name: [v.name for v in a.variants] for a in ablations})
+                      {a.name: [v.name for v in a.variants] for a in ablations}, first_seed)
 
     result = SweepResult(sweep_dir)
     pending = []

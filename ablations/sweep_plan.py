@@ -143,14 +143,19 @@ def resolve_ablation(ablation: "str | Ablation") -> "Ablation":
     return ablation
 
 
-def plan_runs(ablation: "str | Ablation", seeds: int, steps: int | None, sweep_dir: str | Path) -> list[RunSpec]:
-    """Every (variant, seed) of `ablation` for seeds 1..`seeds`, variant-major.
+def plan_runs(ablation: "str | Ablation", seeds: int, steps: int | None, sweep_dir: str | Path,
+              first_seed: int = 1) -> list[RunSpec]:
+    """Every (variant, seed) of `ablation` for `seeds` seeds from `first_seed` (default 1:
+    seeds 1..`seeds`), variant-major.
 
     Seeds start at 1 so that seed 0 (the PPOConfig default, used by tests and quick runs)
-    never silently doubles as a sweep seed.
+    never silently doubles as a sweep seed. A later `first_seed` gives fresh seeds, e.g. for
+    a claim re-registered to be tested on seeds no earlier test saw.
     """
     if not isinstance(seeds, int) or seeds < 1:
         raise ValueError(f"seeds must be a positive integer (got {seeds!r})")
+    if not isinstance(first_seed, int) or first_seed < 1:
+        raise ValueError(f"first_seed must be a positive integer (got {first_seed!r})")
     if steps is not None and (not isinstance(steps, int) or steps < 1):
         raise ValueError(f"steps must be a positive integer or None (got {steps!r})")
     from .registry import check_name
@@ -160,7 +165,7 @@ def plan_runs(ablation: "str | Ablation", seeds: int, steps: int | None, sweep_d
     specs = []
     for variant in ablation.variants:
         check_name(f"ablation {ablation.name!r}: variant", variant.name)
-        for seed in range(1, seeds + 1):
+        for seed in range(first_seed, first_seed + seeds):
             run_dir = Path(sweep_dir) / ablation.name / variant.name / f"seed{seed}"
             config = ablation.config(variant, seed=seed, output_dir=str(run_dir), steps=steps)
             specs.append(RunSpec(ablation.name, variant.name, seed, run_dir, config))

@@ -66,6 +66,17 @@ def test_plan_runs_layout_and_configs(tmp_path):
         plan_runs(ablation, seeds=0, steps=None, sweep_dir=tmp_path)
 
 
+
+def test_plan_runs_first_seed_gives_fresh_seeds(tmp_path):
+    """`first_seed` (``run --first-seed``) plans seeds first_seed..first_seed + seeds - 1, each
+    run's config and folder carrying its own seed; a seed below 1 is refused."""
+    ablation = tiny_ablation(tmp_path)
+    specs = plan_runs(ablation, seeds=3, steps=2, sweep_dir=tmp_path / "sweep", first_seed=7)
+    assert sorted({spec.seed for spec in specs}) == [7, 8, 9]
+    assert all(spec.config.seed == spec.seed and spec.run_dir.name == f"seed{spec.seed}" for spec in specs)
+    with pytest.raises(ValueError, match="first_seed"):
+        plan_runs(ablation, seeds=1, steps=None, sweep_dir=tmp_path, first_seed=0)
+
 def test_completed_runs_are_skipped(tmp_path, fake_launch):
     sweep = tmp_path / "sweep"
     done = sweep / "toy" / "a" / "seed1"

@@ -367,3 +367,8 @@ def test_report_lists_planned_runs_that_have_no_directory(sweep, capsys):
     (sweep / "sweep.json").write_text(json.dumps({"ablations": ["../x"], "seeds": 1}))
     with pytest.raises(ValueError, match=r"sweep.json: ablation name '../x'.*never a path"):
         report.missing_planned_runs(sweep, rows)
+    # A sweep of fresh seeds (run --first-seed 3 --seeds 2) plans seeds 3-4 only.
+    (sweep / "sweep.json").write_text(json.dumps({
+        "ablations": ["fake_ablation"], "variants": {"fake_ablation": ["alpha", "beta"]}, "seeds": 2, "first_seed": 3}))
+    assert report.missing_planned_runs(sweep, rows) == ["fake_ablation/alpha/seed3", "fake_ablation/alpha/seed4",
+                                                        "fake_ablation/beta/seed4"]

@@ -257,7 +257,9 @@ def refuse_identical_arms(specs: list[RunSpec]) -> None:
 
 
 def select_variants(ablations: list, wanted: "list[str] | None") -> list:
-    """`ablations` keeping only the `wanted` variants plus each one's base (first) variant.
+    """`ablations` keeping only the `wanted` variants plus each one's base (first) variant,
+    and only the claims whose two arms both run: a claim on a variant left out cannot be
+    tested on this sweep, and the definition the sweep stores must name only its own variants.
 
     A name no selected ablation has is an error, so a typo does not silently run nothing.
     """
@@ -267,5 +269,10 @@ def select_variants(ablations: list, wanted: "list[str] | None") -> list:
     unknown = [name for name in wanted if name not in known]
     if unknown:
         raise ValueError(f"--variants: no ablation given has {', '.join(unknown)} (variants: {', '.join(sorted(known))})")
-    return [dataclasses.replace(a, variants=tuple(v for i, v in enumerate(a.variants) if i == 0 or v.name in wanted))
-            for a in ablations]
+    selected = []
+    for ablation in ablations:
+        variants = tuple(v for i, v in enumerate(ablation.variants) if i == 0 or v.name in wanted)
+        names = {v.name for v in variants}
+        claims = tuple(c for c in ablation.claims if c.first[0] in names and c.second[0] in names)
+        selected.append(dataclasses.replace(ablation, variants=variants, claims=claims))
+    return selected

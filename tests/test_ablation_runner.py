@@ -428,3 +428,20 @@ def test_variants_option_keeps_the_base_and_refuses_unknown_names(tmp_path, caps
     seen.clear()
     assert main(["run", "whitening", "--variants", "nither"]) == 2
     assert "nither" in capsys.readouterr().err and not seen
+
+
+def test_select_variants_keeps_only_the_claims_its_variants_can_test(tmp_path):
+    """`run staleness --variants stale_4 stale_4_dppo_tv` runs the base, stale_4 and the DPPO arm;
+    it keeps the two claims of the lag (stale_4 against the base) and the DPPO one, and drops
+    those on corrections it does not run, so the definition it stores reads back."""
+    from ablations.ablation_files import read_stored, store_definitions
+    from ablations.registry import get_ablation
+    from ablations.sweep_plan import select_variants
+
+    full = get_ablation("staleness")
+    (chosen,) = select_variants([full], ["stale_4", "stale_4_dppo_tv"])
+    assert [v.name for v in chosen.variants] == ["on_policy", "stale_4", "stale_4_dppo_tv"]
+    kept = {c.first[0] for c in chosen.claims}
+    assert kept == {"stale_4", "stale_4_dppo_tv"} and len(chosen.claims) == 3 < len(full.claims)
+    store_definitions(tmp_path, [chosen])
+    assert [c.first for c in read_stored(tmp_path, "staleness").claims] == [c.first for c in chosen.claims]

@@ -462,7 +462,10 @@ def store_definitions(sweep_dir: str | Path, ablations: Iterable[Ablation]) -> l
     Checks every ablation before writing any: a stored definition that the given one
     changes (base, metric, testbed, a variant's preset or fields) raises `AblationFileError`,
     since the runs already there answer another question. Variants stored but not given
-    (a sweep run with ``--variants``) stay in the stored definition, after the given ones.
+    (a sweep run with ``--variants``) stay in the stored definition, after the given ones, and so
+    do stored claims on comparisons the given ablation does not register (a ``--variants`` sweep
+    registers only the claims whose arms it runs; a given claim replaces a stored one on the
+    same comparison).
     """
     merged = []
     for ablation in ablations:
@@ -476,8 +479,11 @@ def store_definitions(sweep_dir: str | Path, ablations: Iterable[Ablation]) -> l
                     f"({'; '.join(changes)}); its runs answer that one. Sweep into another --out, or move "
                     f"{path.parent} away to start this ablation over")
             given = {v.name for v in ablation.variants}
-            ablation = dataclasses.replace(ablation, variants=ablation.variants + tuple(
-                v for v in stored.variants if v.name not in given))
+            compared = {(c.first, c.second) for c in ablation.claims}
+            ablation = dataclasses.replace(
+                ablation,
+                variants=ablation.variants + tuple(v for v in stored.variants if v.name not in given),
+                claims=ablation.claims + tuple(c for c in stored.claims if (c.first, c.second) not in compared))
         merged.append(ablation)
     for ablation in merged:
         path = definition_path(sweep_dir, ablation.name)

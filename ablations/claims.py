@@ -300,7 +300,10 @@ def evaluate_claims(rows: Sequence[dict], claims: Sequence[Claim] = CLAIMS) -> l
     amended = _family_verdicts(claims, [_test(c, rows, a.first, a.second, a.seeds) if a else
                                         _test(c, rows, c.first, c.second, c.seeds) for c, a in zip(claims, latest)])
     for result, later, amendment, claim in zip(registered, amended, latest, claims):
-        in_data = {r["seed"] for r in rows if r["ablation"] == claim.ablation and r["status"] == "ok"}
+        # Seeds at which both arms ran but the registration did not name (left out of the test).
+        arms = [{r["seed"] for r in rows if r["ablation"] == claim.ablation and r["status"] == "ok"
+                 and r["variant"] == variant} for variant in (claim.first[0], claim.second[0])]
+        in_data = arms[0] & arms[1]
         result["unregistered_seeds"] = sorted(in_data - set(claim.seeds))
         result["missing_seeds"] = sorted(set(claim.seeds) - set(result["seeds"])) if result["n"] else []
         if amendment is not None:

@@ -445,3 +445,20 @@ def test_select_variants_keeps_only_the_claims_its_variants_can_test(tmp_path):
     assert kept == {"stale_4", "stale_4_dppo_tv"} and len(chosen.claims) == 3 < len(full.claims)
     store_definitions(tmp_path, [chosen])
     assert [c.first for c in read_stored(tmp_path, "staleness").claims] == [c.first for c in chosen.claims]
+
+
+def test_a_variants_sweep_into_a_full_sweep_keeps_its_stored_claims(tmp_path):
+    """A sweep of all of staleness, then one of two of its corrections into the same directory:
+    the stored definition keeps every variant and every claim (the claims on corrections the
+    second sweep did not run included), so `claims` on the directory still tests them all."""
+    from ablations.ablation_files import read_stored, store_definitions
+    from ablations.registry import get_ablation
+    from ablations.sweep_plan import select_variants
+
+    full = get_ablation("staleness")
+    store_definitions(tmp_path, [full])
+    (chosen,) = select_variants([full], ["stale_4", "stale_4_dppo_tv"])
+    stored = store_definitions(tmp_path, [chosen])[0]
+    assert read_stored(tmp_path, "staleness") == stored
+    assert {v.name for v in stored.variants} == {v.name for v in full.variants}
+    assert sorted((c.first, c.second) for c in stored.claims) == sorted((c.first, c.second) for c in full.claims)

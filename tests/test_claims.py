@@ -278,6 +278,9 @@ def test_the_verdict_uses_registered_seeds_and_shows_amendments():
     result = evaluate_claim(plain, rows)
     assert result["n"] == 3 and result["verdict"] == "reproduced" and result["unregistered_seeds"] == [4]
     assert "seeds 4 in the data, not registered: left out" in claims.claims_table(rows, [plain])
+    # A seed only one arm ran (the base's, here) was never a pair: it is not named.
+    one_arm = rows + [{"ablation": "toy", "variant": "base", "seed": 5, "status": "ok", "final_sampled_accuracy": 0.5}]
+    assert evaluate_claim(plain, one_arm)["unregistered_seeds"] == [4]
     amendment = claims.Amendment(("other", "final_sampled_accuracy"), ("base", "final_sampled_accuracy"),
                                  (1, 2, 3, 4), "seed 4 added")
     amended = claim(+1, amendments=(amendment,))

@@ -24,7 +24,7 @@ def test_short_ppo_run_raises_sampled_accuracy(tmp_path):
     the same evaluation draws before and after; the testbed's 16 would cost a fifth of the run).
 
     Measured from the pinned warm start on the 2-core machine, seed 0 at 1 thread (as
-    `make test` runs it): 0.320 -> 0.420 in 30 steps (0.320 -> 0.453 in 45). Earlier, seeds
+    `make test` runs it): 0.320 -> 0.418 in 30 steps (0.320 -> 0.453 in 45). Earlier, seeds
     0, 1, 2 gained +0.047, +0.062, +0.141 in 30 steps. A gain of 0.04 is 5 of the 128 problems.
     """
     summary = run(tmp_path, "alpacafarm", total_steps=30, eval_every=0, eval_size=128, eval_samples_per_prompt=4,

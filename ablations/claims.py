@@ -167,10 +167,17 @@ CLAIMS: tuple[Claim, ...] = (
 # Data
 # ==========================================================================================
 def read_results(source: str | Path) -> list[dict]:
-    """The per-run rows of a sweep: its directory (`collect_runs`) or a ``results.csv``."""
+    """The per-run rows of a sweep: its directory (`collect_runs`) or a ``results.csv``. A
+    directory without run directories (a sweep committed as its tables, as under docs/results/)
+    is read from its ``results.csv``; one with neither is an error, not an empty table."""
     source = Path(source)
     if source.is_dir():
-        return collect_runs(source)
+        rows = collect_runs(source)
+        if rows:
+            return rows
+        if not (source / "results.csv").is_file():
+            raise FileNotFoundError(f"{source}: no run directories and no results.csv in it")
+        source = source / "results.csv"
     if not source.is_file():
         raise FileNotFoundError(f"{source}: neither a sweep directory nor a results.csv")
     rows = []

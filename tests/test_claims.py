@@ -126,6 +126,12 @@ def test_read_results_parses_a_report_csv(tmp_path):
         claims.read_results(bad)
     with pytest.raises(FileNotFoundError):
         claims.read_results(tmp_path / "nowhere.csv")
+    # A directory holding only a results.csv (a sweep committed as its tables) reads that file;
+    # a directory with neither runs nor results.csv is named, not read as an empty sweep.
+    assert claims.read_results(tmp_path) == ROWS
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no run directories and no results.csv"):
+        claims.read_results(tmp_path / "empty")
 
 
 def test_replace_block_rewrites_only_between_the_markers():

@@ -8,9 +8,9 @@ import torch
 # too when other jobs share the cores: oversubscribed torch threads stall each other.
 torch.set_num_threads(int(os.environ.get("PPO_TEST_THREADS", "2")))
 # PPO_TEST_THREADS also caps what the code under test asks for: a trainer sets its config's
-# `threads` (default 2), and two such runs on two workers put 4 spinning threads on 2 cores
-# (the short PPO run took 214 s in the suite against 36 s alone). Runs this process launches
-# as subprocesses set their own counts and are not capped.
+# `threads` (default 2), and two such runs on two workers put 4 spinning threads on 2 cores,
+# which slows each several times over. Runs this process launches as subprocesses set their
+# own counts and are not capped.
 if os.environ.get("PPO_TEST_THREADS"):
     TEST_THREAD_CAP = int(os.environ["PPO_TEST_THREADS"])
     _set_num_threads = torch.set_num_threads

@@ -308,9 +308,8 @@ def evaluate_claims(rows: Sequence[dict], claims: Sequence[Claim] = CLAIMS) -> l
                                         _test(c, rows, c.first, c.second, c.seeds) for c, a in zip(claims, latest)])
     for result, later, amendment, claim in zip(registered, amended, latest, claims):
         # Seeds at which both arms ran but the registration did not name (left out of the test).
-        arms = [{r["seed"] for r in rows if r["ablation"] == claim.ablation and r["status"] == "ok"
-                 and r["variant"] == variant} for variant in (claim.first[0], claim.second[0])]
-        in_data = arms[0] & arms[1]
+        in_data = (_values(rows, claim.ablation, claim.first[0], "seed").keys()
+                   & _values(rows, claim.ablation, claim.second[0], "seed").keys())
         result["unregistered_seeds"] = sorted(in_data - set(claim.seeds))
         result["missing_seeds"] = sorted(set(claim.seeds) - set(result["seeds"])) if result["n"] else []
         if amendment is not None:
@@ -522,9 +521,7 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
         elif name.startswith("glance:"):  # another committed sweep: docs/results/DIR/results.csv
             tables[name] = glance_table(read_results(RESULTS_DIR / name.split(":", 1)[1] / "results.csv"))
         elif name.startswith("claims:"):  # the claims stored with a committed sweep's definitions, tested on it
-            directory = RESULTS_DIR / name.split(":", 1)[1]
-            committed = read_results(directory / "results.csv")
-            stored = sweep_specs(directory, [row["ablation"] for row in committed])
+            committed, stored = read_sweep(RESULTS_DIR / name.split(":", 1)[1])
             tables[name] = claims_table(committed, tuple(c for spec in stored.values() for c in spec.claims))
         elif name.startswith("gains:"):  # every variant's gain over its start, docs/results/DIR/results.csv
             from .report_tables import gains_table
@@ -533,9 +530,7 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
         elif name.startswith("extras:"):  # each variant's metric and extra metrics, docs/results/DIR/results.csv
             from .report_tables import extras_table
 
-            directory = RESULTS_DIR / name.split(":", 1)[1]
-            committed = read_results(directory / "results.csv")
-            tables[name] = extras_table(committed, sweep_specs(directory, [row["ablation"] for row in committed]))
+            tables[name] = extras_table(*read_sweep(RESULTS_DIR / name.split(":", 1)[1]))
         elif name.startswith("starts:"):  # the warm start's evaluation spread over a sweep's seeds
             from .report_tables import starts_table
 

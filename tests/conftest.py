@@ -6,19 +6,14 @@ import torch
 # Two threads match the 2-core CI machine when one pytest process runs the suite. `make test`
 # runs it in one process per core (pytest-xdist, `-n auto`) with PPO_TEST_THREADS=1; set it to 1
 # too when other jobs share the cores: oversubscribed torch threads stall each other.
-torch.set_num_threads(int(os.environ.get("PPO_TEST_THREADS", "2")))
-# PPO_TEST_THREADS also caps what the code under test asks for: a trainer sets its config's
+# When set, it also caps what the code under test asks for: a trainer sets its config's
 # `threads` (default 2), and two such runs on two workers put 4 spinning threads on 2 cores,
-# which slows each several times over. Runs this process launches as subprocesses set their
-# own counts and are not capped.
-if os.environ.get("PPO_TEST_THREADS"):
-    TEST_THREAD_CAP = int(os.environ["PPO_TEST_THREADS"])
+# which slows each several times over. Runs launched as subprocesses set their own counts.
+TEST_THREADS = os.environ.get("PPO_TEST_THREADS")
+torch.set_num_threads(int(TEST_THREADS or 2))
+if TEST_THREADS:
     _set_num_threads = torch.set_num_threads
-
-    def _capped_set_num_threads(n: int) -> None:
-        _set_num_threads(min(int(n), TEST_THREAD_CAP))
-
-    torch.set_num_threads = _capped_set_num_threads
+    torch.set_num_threads = lambda n: _set_num_threads(min(int(n), int(TEST_THREADS)))
 
 # Under `pytest -n` (make test: `--dist loadgroup`), the files whose tests launch two processes
 # (gloo, accelerate, torchrun; Ray and submitit sweeps) run one after another on one worker: two

@@ -4,8 +4,8 @@ The runs that must *learn* use the real SFT warm start and live in test_training
 """
 
 import json
-import os
 import math
+import os
 
 import pytest
 import torch

@@ -8,7 +8,7 @@ Commands::
                             [--backend local|ray|slurm] [--address auto] [--cpus-per-run N] [--gpus-per-run N]
     python -m ablations report DIR
     python -m ablations claims RESULTS [--update docs/results.md]
-    python -m ablations estimate NAME|all [--seeds 3] [--timed-steps 2] [--json FILE] [--compile]
+    python -m ablations estimate NAME|FILE.yaml|all [--seeds 3] [--timed-steps 2] [--json FILE] [--compile]
     python -m ablations noise SWEEP_DIR [--draws 4] [--samples-per-prompt 1,16] [--seeds 5] [--json FILE]
     python -m ablations aa SWEEP_DIR [--verdict-seeds 5] [--json FILE]
     python -m ablations power [RESULTS] [--update docs/results.md]

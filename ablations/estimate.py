@@ -30,7 +30,7 @@ machine, alternating, rather than reading it as a clock time.
 
 Command::
 
-    python -m ablations estimate NAME... [--seeds 3] [--steps N] [--threads 1]
+    python -m ablations estimate NAME|FILE.yaml... [--seeds 3] [--steps N] [--threads 1]
                                          [--timed-steps 2] [--json FILE] [--compile]
 """
 
@@ -98,11 +98,12 @@ def checkpoints(total_steps: int, save_every: int) -> int:
                 if step == total_steps or (save_every and step % save_every == 0)})
 
 
-def distinct_runs(names: list, seeds: int, steps: int | None, threads: int,
+def distinct_runs(names: list, seeds: "int | dict[str, int]", steps: int | None, threads: int,
                   compile_forward: bool = False) -> list[tuple]:
     """``(ablation, variant, config, runs)`` for each run the runner would train (seed 1's
-    config as `run` sets it, `sweep_plan.sweep_config`; `runs` = seeds), identical runs across
-    the named ablations (names or `Ablation` objects) counted once."""
+    config as `run` sets it, `sweep_plan.sweep_config`; `runs` = seeds, one count for all or
+    one per ablation name), identical runs across the named ablations (names or `Ablation`
+    objects) counted once."""
     from .sweep_plan import config_fingerprint, plan_runs, sweep_config
 
     seen, out = set(), []
@@ -113,7 +114,8 @@ def distinct_runs(names: list, seeds: int, steps: int | None, threads: int,
             if key in seen:
                 continue
             seen.add(key)
-            out.append((spec.ablation, spec.variant, config, seeds))
+            out.append((spec.ablation, spec.variant, config,
+                        seeds if isinstance(seeds, int) else seeds[spec.ablation]))
     return out
 
 
@@ -157,8 +159,10 @@ def format_table(estimates: list[RunEstimate]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m ablations estimate", description=__doc__.split("\n\n")[0])
-    parser.add_argument("names", nargs="+", metavar="NAME", help="ablation name(s), or 'all'")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per variant in the projected sweep")
+    parser.add_argument("names", nargs="+", metavar="NAME",
+                        help="ablation name(s), ablation file(s) (my.yaml / my.toml, as `run` takes), or 'all'")
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="seeds per variant in the projected sweep (default: an ablation file's `seeds`, else 3)")
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default: each ablation's own)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch threads per run (the runner gives each of its workers cpu_count // workers)")
@@ -168,19 +172,26 @@ def main(argv: list[str] | None = None) -> int:
                         help="project a `run --compile` sweep: every run's forward compiled (PPOConfig.compile_forward)")
     args = parser.parse_args(argv)
     for field in ("seeds", "threads", "timed_steps"):
-        if getattr(args, field) < 1:
+        if getattr(args, field) is not None and getattr(args, field) < 1:
             parser.error(f"--{field.replace('_', '-')} must be at least 1")
     start = time.perf_counter()
     importlib.import_module("ppo.trainer")  # what a run's own process imports before it starts
+    from .ablation_files import AblationFileError, is_ablation_file, load_ablation_file
     from .registry import ABLATIONS
 
     startup = time.perf_counter() - start
     names = list(ABLATIONS) if args.names == ["all"] else list(dict.fromkeys(args.names))
+    try:  # a file is read, checked and registered as `run` does; it is then named by its `name`
+        names = [load_ablation_file(name).name if is_ablation_file(name) else name for name in names]
+    except (AblationFileError, OSError) as error:
+        parser.error(str(error))
     unknown = [name for name in names if name not in ABLATIONS]
     if unknown:
-        parser.error(f"unknown ablation(s) {unknown}; `python -m ablations list` shows them")
+        parser.error(f"unknown ablation(s) {unknown}; `python -m ablations list` shows them "
+                     "(an ablation file is named by its path, e.g. my_ablation.yaml)")
+    seeds = {name: args.seeds or ABLATIONS[name].seeds or 3 for name in names}
     estimates, failed = [], []
-    runs = distinct_runs(names, args.seeds, args.steps, args.threads, args.compile)
+    runs = distinct_runs(names, seeds, args.steps, args.threads, args.compile)
     for done, (ablation, variant, config, seeds) in enumerate(runs, start=1):
         label = f"[{done}/{len(runs)}] {ablation}/{variant}"
         try:

@@ -93,3 +93,42 @@ def test_the_command_times_every_distinct_run_and_writes_json(tmp_path, tiny_mod
     assert all(line["runs"] == 2 and line["total_steps"] == 3 and line["evals"] == 3 for line in lines)
     text = capsys.readouterr().out
     assert "[2/2] tiny_estimate/beta" in text and "4 runs (2 distinct configs x seeds)" in text
+
+
+@pytest.fixture
+def restored_registry():
+    """An ablation file registers itself; the shared table is restored after the test."""
+    from ablations import registry
+
+    before = dict(registry.ABLATIONS)
+    yield
+    registry.ABLATIONS.clear()
+    registry.ABLATIONS.update(before)
+
+
+def test_an_ablation_file_is_estimated_with_its_own_seeds(tmp_path, tiny_model_dir, restored_registry, capsys):
+    """`estimate` reads an ablation file as `run` does; without --seeds it projects the file's."""
+    import json
+
+    path = tmp_path / "mine.yaml"
+    path.write_text(f"name: mine_estimate\nquestion: Which is faster?\npreset: grpo\nseeds: 4\nsteps: 2\nmetric: kl\n"
+                    f"overrides: {{model_path: '{tiny_model_dir}', rollout_batch_size: 8, group_size: 4,"
+                    f" response_length: 8, eval_size: 8}}\n"
+                    f"variants:\n  base: {{}}\n  beta: {{kl_coef: 0.2}}\n")
+    out = tmp_path / "estimate.jsonl"
+    assert estimate.main([str(path), "--timed-steps", "1", "--json", str(out)]) == 0
+    lines = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(line["ablation"], line["variant"], line["runs"]) for line in lines] == [
+        ("mine_estimate", "base", 4), ("mine_estimate", "beta", 4)]
+    assert "8 runs (2 distinct configs x seeds)" in capsys.readouterr().out
+
+
+def test_a_bad_ablation_file_is_a_usage_error_naming_it(tmp_path, restored_registry, capsys):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: broken_estimate\nquestion: Which is faster?\npreset: grpo\nmetric: kl\nvariants:\n  a: {kl_coef: 0.1}\n  b: {kl_coef: 0.2}\n"
+                    "base: c\n")
+    with pytest.raises(SystemExit) as exit_info:
+        estimate.main([str(path)])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "broken.yaml" in err and "base" in err

@@ -280,8 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# Commands with their own parser: main() hands everything after the name to ablations.<name>.main.
-DELEGATED = ("claims", "estimate", "reproduce", "noise", "aa", "power", "budget-claims")
+# Commands with their own parser: main() hands everything after the name to the module's main.
+DELEGATED = {"claims": "doc_tables", "estimate": "estimate", "reproduce": "reproduce", "noise": "noise", "aa": "aa",
+             "power": "power", "budget-claims": "budget_claims"}
 # Commands that moved to `python -m ppo.benchmarks` (the benchmarks measure the loop, not a toggle).
 MOVED_TO_BENCHMARKS = ("bench", "speed", "memory")
 
@@ -293,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return USAGE_ERROR
     if argv and argv[0] in DELEGATED:
-        module = importlib.import_module(f".{argv[0].replace('-', '_')}", __package__)
+        module = importlib.import_module(f".{DELEGATED[argv[0]]}", __package__)
         return module.main(argv[1:]) or 0
     args = build_parser().parse_args(argv)
     try:

@@ -291,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return 0
 
-    from . import claims
+    from . import doc_tables
+    from .doc_blocks import block_names
     from .report import MixedProvenanceError, build_report
     from .runner import run_sweep
 
@@ -321,8 +322,8 @@ def main(argv: list[str] | None = None) -> int:
     count = merge_results([report_dir / step.ablation / "results.csv" for step in PLAN], Path(args.data))
     (report_dir / "README.md").write_text(index_text(report_dir))
     print(f"\nwrote {count} runs of {len(PLAN)} steps -> {args.data}, their index -> {report_dir / 'README.md'}")
-    status = claims.main([args.data, "--update", args.doc])
-    if status == 0 and "power" in claims.block_names(Path(args.doc).read_text()):
+    status = doc_tables.main([args.data, "--update", args.doc])
+    if status == 0 and "power" in block_names(Path(args.doc).read_text()):
         from . import power
 
         status = power.main([args.data, "--update", args.doc])  # the new runs are the next pilot

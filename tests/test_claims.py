@@ -1,4 +1,4 @@
-"""Claim verdicts and generated doc tables (ablations/claims.py), on hand-computed numbers.
+"""Claim verdicts (ablations/claims.py) and generated doc tables (ablations/doc_tables.py), on hand-computed numbers.
 
     first  [0.7, 0.8, 0.9], second [0.5, 0.6, 0.8] -> differences [0.2, 0.2, 0.1]
     mean 0.1667, sd sqrt(((1/30)^2 * 2 + (2/30)^2) / 2) = 0.05774,
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ablations import claims
+from ablations import claims, doc_blocks, doc_tables
 from ablations.claims import Claim, claim_verdict, evaluate_claim
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,7 +106,7 @@ def test_failed_runs_never_enter_a_claim():
 
 
 def test_glance_table_has_one_line_per_non_base_variant_with_computed_verdicts():
-    table = claims.glance_table(ROWS).splitlines()
+    table = doc_tables.glance_table(ROWS).splitlines()
     assert len(table) == 3  # header, rule, one variant
     assert table[2].startswith("| `toy` | `other` - `base` |")
     assert "+0.167 ± 0.143 | separated |" in table[2]  # accuracy, as hand-computed above
@@ -136,11 +136,11 @@ def test_read_results_parses_a_report_csv(tmp_path):
 
 def test_replace_block_rewrites_only_between_the_markers():
     text = "intro\n<!-- generated:glance -->\nold\n<!-- /generated:glance -->\noutro\n"
-    new = claims.replace_block(text, "glance", "| new |")
+    new = doc_blocks.replace_block(text, "glance", "| new |")
     assert new == "intro\n<!-- generated:glance -->\n| new |\n<!-- /generated:glance -->\noutro\n"
-    assert claims.generated_block(new, "glance") == "| new |"
+    assert doc_blocks.generated_block(new, "glance") == "| new |"
     with pytest.raises(ValueError, match="generated:claims"):
-        claims.replace_block(text, "claims", "x")
+        doc_blocks.replace_block(text, "claims", "x")
 
 
 def test_cli_update_writes_both_blocks(tmp_path, capsys):
@@ -151,12 +151,12 @@ def test_cli_update_writes_both_blocks(tmp_path, capsys):
     doc = tmp_path / "doc.md"
     doc.write_text("<!-- generated:claims -->\n<!-- /generated:claims -->\n\n"
                    "<!-- generated:glance -->\n<!-- /generated:glance -->\n")
-    assert claims.main([str(data)]) == 0 and "| claim (source) |" in capsys.readouterr().out
-    assert claims.main([str(data), "--update", str(doc)]) == 0
+    assert doc_tables.main([str(data)]) == 0 and "| claim (source) |" in capsys.readouterr().out
+    assert doc_tables.main([str(data), "--update", str(doc)]) == 0
     text = doc.read_text()
-    assert claims.generated_block(text, "glance") == claims.glance_table(ROWS)
-    assert "not tested: not in this sweep" in claims.generated_block(text, "claims")
-    assert claims.main([str(tmp_path / "missing.csv")]) == 2
+    assert doc_blocks.generated_block(text, "glance") == doc_tables.glance_table(ROWS)
+    assert "not tested: not in this sweep" in doc_blocks.generated_block(text, "claims")
+    assert doc_tables.main([str(tmp_path / "missing.csv")]) == 2
 
 
 def test_docs_results_tables_are_the_generated_ones():
@@ -164,19 +164,19 @@ def test_docs_results_tables_are_the_generated_ones():
     data = ROOT / "docs" / "results" / "data" / "results.csv"
     text = (ROOT / "docs" / "results.md").read_text()
     rows = claims.read_results(data)
-    names = claims.block_names(text)
+    names = doc_blocks.block_names(text)
     assert {"claims", "glance"} <= set(names)
-    for name, content in claims.generated_tables(rows, [n for n in names if not claims.written_elsewhere(n)]).items():
-        assert claims.generated_block(text, name) == content, name
+    for name, content in doc_tables.generated_tables(rows, [n for n in names if not doc_tables.written_elsewhere(n)]).items():
+        assert doc_blocks.generated_block(text, name) == content, name
     # The power analysis (python -m ablations power) reads the same committed data as its pilot,
     # and each power:DIR block the sweep committed in docs/results/DIR.
     from ablations.power import accuracy_pilot, markdown as power_markdown, power_table
 
-    assert claims.generated_block(text, "power") == power_markdown(rows, claims.CLAIMS, accuracy_pilot())
+    assert doc_blocks.generated_block(text, "power") == power_markdown(rows, claims.CLAIMS, accuracy_pilot())
     directories = [n.split(":", 1)[1] for n in names if n.startswith("power:")]
     assert "staleness" in directories
     for directory in directories:
-        assert claims.generated_block(text, f"power:{directory}") == power_table(claims.RESULTS_DIR / directory / "results.csv"), directory
+        assert doc_blocks.generated_block(text, f"power:{directory}") == power_table(claims.RESULTS_DIR / directory / "results.csv"), directory
 
 
 def test_cli_update_fills_ablation_table_blocks(tmp_path):
@@ -187,10 +187,10 @@ def test_cli_update_fills_ablation_table_blocks(tmp_path):
     doc = tmp_path / "doc.md"
     doc.write_text("<!-- generated:table:toy -->\n<!-- /generated:table:toy -->\n<!-- generated:bogus -->\n"
                    "<!-- /generated:bogus -->\n")
-    assert claims.main([str(data), "--update", str(doc)]) == 2  # an unknown block name is refused
+    assert doc_tables.main([str(data), "--update", str(doc)]) == 2  # an unknown block name is refused
     doc.write_text("<!-- generated:table:toy -->\n<!-- /generated:table:toy -->\n")
-    assert claims.main([str(data), "--update", str(doc)]) == 0
-    block = claims.generated_block(doc.read_text(), "table:toy")
+    assert doc_tables.main([str(data), "--update", str(doc)]) == 0
+    block = doc_blocks.generated_block(doc.read_text(), "table:toy")
     assert "| other | 3/3 | 0.800 ± 0.248 |" in block  # mean of [0.7, 0.8, 0.9], 4.303 * 0.1 / sqrt(3)
     assert "Paired by seed against `base`" in block and "| other | final_sampled_accuracy | +0.167 ± 0.143 |" in block
 
@@ -198,11 +198,11 @@ def test_cli_update_fills_ablation_table_blocks(tmp_path):
 def test_pairs_block_compares_with_another_variant():
     """pairs:ABLATION:VARIANT pairs every other variant against VARIANT: here `base` minus
     `other` in accuracy, the hand-computed pair negated (-0.167 ± 0.143)."""
-    block = claims.generated_tables(ROWS, ["pairs:toy:other"])["pairs:toy:other"]
+    block = doc_tables.generated_tables(ROWS, ["pairs:toy:other"])["pairs:toy:other"]
     assert "Paired by seed against `other`" in block
     assert "| base | final_sampled_accuracy | -0.167 ± 0.143 | 3 | separated |" in block
     with pytest.raises(ValueError, match="no variant 'missing'"):
-        claims.generated_tables(ROWS, ["pairs:toy:missing"])
+        doc_tables.generated_tables(ROWS, ["pairs:toy:missing"])
 
 
 # ---- pre-registration: seeds, amendments, Holm, equivalence margins --------------------------
@@ -315,7 +315,7 @@ def test_docs_claims_table_reports_each_registered_quantity():
     """Row i of docs/results.md's claims table tests CLAIMS[i] on its registered columns and
     seeds, and says when the registry changed it after registration."""
     text = (ROOT / "docs" / "results.md").read_text()
-    rows = claims.generated_block(text, "claims").splitlines()[2:]
+    rows = doc_blocks.generated_block(text, "claims").splitlines()[2:]
     assert len(rows) == len(claims.CLAIMS)
     for row, registered in zip(rows, claims.CLAIMS):
         cells = [c.strip() for c in row.strip("|").split(" | ")]
@@ -483,7 +483,7 @@ def test_docs_results_prose_states_only_generated_numbers():
     saying something the data no longer does."""
     text = (ROOT / "docs" / "results.md").read_text()
     assert len(text.splitlines()) <= 355
-    generated = "\n".join(claims.generated_block(text, name) for name in claims.block_names(text))
+    generated = "\n".join(doc_blocks.generated_block(text, name) for name in doc_blocks.block_names(text))
     if "kl-gradient-study:begin" in text:
         generated += text[text.index("kl-gradient-study:begin"):]
     prose = _prose_without_generated_content(text)
@@ -523,8 +523,8 @@ def test_extras_blocks_of_every_page_are_the_generated_ones():
     found = 0
     for page in pages:
         text = page.read_text()
-        names = [name for name in claims.block_names(text) if name.startswith("extras:")]
-        for name, content in claims.generated_tables([], names).items():
-            assert claims.generated_block(text, name) == content, f"{page.name}: {name}"
+        names = [name for name in doc_blocks.block_names(text) if name.startswith("extras:")]
+        for name, content in doc_tables.generated_tables([], names).items():
+            assert doc_blocks.generated_block(text, name) == content, f"{page.name}: {name}"
             found += 1
     assert found >= 1

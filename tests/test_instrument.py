@@ -222,7 +222,7 @@ def test_noise_command_end_to_end_on_a_small_sweep(tmp_path, tiny_model_dir, cap
     import json
     import shutil
 
-    from ablations import claims
+    from ablations import doc_blocks
     from ablations.__main__ import main
     from ppo.config import PPOConfig
 
@@ -250,6 +250,6 @@ def test_noise_command_end_to_end_on_a_small_sweep(tmp_path, tiny_model_dir, cap
     # arms with identical weights and shared draws differ by nothing in a pair
     accuracy = next(e for e in data["table"] if e["quantity"] == "sampled_accuracy" and e["samples_per_prompt"] == 4)
     assert accuracy["paired_sd"] == 0.0 and accuracy["runs"] == 6
-    assert claims.instrument_table("noise", out) in printed
+    assert doc_blocks.instrument_table("noise", out) in printed
     assert main(["noise", str(sweep), "--draws", "1"]) == 2
     assert main(["noise", str(tmp_path / "nowhere")]) == 2

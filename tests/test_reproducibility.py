@@ -154,14 +154,14 @@ def test_the_testbed_page_tables_are_the_recorded_sweeps():
     import csv
     from pathlib import Path
 
-    from ablations import claims
+    from ablations import doc_blocks, doc_tables
 
     root = Path(__file__).resolve().parent.parent
     page = (root / "docs/testbed.md").read_text()
-    names = [name for name in claims.block_names(page) if name.startswith("gains:")]
+    names = [name for name in doc_blocks.block_names(page) if name.startswith("gains:")]
     assert {"gains:testbed_presets", "gains:dr_grpo_testbed"} <= set(names)
-    for name, content in claims.generated_tables([], names).items():
-        assert claims.generated_block(page, name) == content, name
+    for name, content in doc_tables.generated_tables([], names).items():
+        assert doc_blocks.generated_block(page, name) == content, name
         rows = list(csv.DictReader(open(root / "docs/results" / name.split(":")[1] / "results.csv")))
         assert {r["prov_warm_start"] for r in rows} == {PINNED_FULL[:16]}
         assert len({r["prov_commit"] for r in rows}) == 1 and {r["prov_dirty"] for r in rows} == {"False"}

@@ -11,12 +11,13 @@ from pathlib import Path
 
 def block_names(text: str) -> list[str]:
     """The names of every generated block in `text`, in order."""
-    return re.findall(r"<!-- generated:([\w:.-]+) -->", text)
+    return re.findall(r"<!-- generated:([\w:./-]+) -->", text)
 
 
 def generated_block(text: str, name: str) -> str:
     """The text between ``<!-- generated:NAME -->`` and ``<!-- /generated:NAME -->``, stripped."""
-    match = re.search(rf"<!-- generated:{name} -->\n(.*?)<!-- /generated:{name} -->", text, re.S)
+    tag = re.escape(name)
+    match = re.search(rf"<!-- generated:{tag} -->\n(.*?)<!-- /generated:{tag} -->", text, re.S)
     if match is None:
         raise ValueError(f"no <!-- generated:{name} --> ... <!-- /generated:{name} --> block")
     return match.group(1).strip()
@@ -25,7 +26,8 @@ def generated_block(text: str, name: str) -> str:
 def replace_block(text: str, name: str, content: str) -> str:
     """`text` with the block `name` (see `generated_block`) holding `content`."""
     generated_block(text, name)  # raises if the markers are missing
-    return re.sub(rf"(<!-- generated:{name} -->\n).*?(<!-- /generated:{name} -->)",
+    tag = re.escape(name)
+    return re.sub(rf"(<!-- generated:{tag} -->\n).*?(<!-- /generated:{tag} -->)",
                   lambda m: m.group(1) + content.strip() + "\n" + m.group(2), text, flags=re.S)
 
 

@@ -91,7 +91,9 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
     ``glance:DIR`` (the at-a-glance lines of the sweep committed in docs/results/DIR/),
     ``claims:DIR`` (the claims stored with that sweep's definitions, ``DIR/<ablation>/ablation.yaml``,
     tested on its runs),
-    ``gains:DIR`` (each variant's gain over its start in that sweep), ``extras:DIR`` (each
+    ``gains:DIR`` (each variant's gain over its start in that sweep), ``pair_noise:DIR`` (the
+    paired sd of its accuracy differences and what 5 seeds detect, `ablations.noise.pair_noise_table`;
+    DIR may hold a ``/``), ``extras:DIR`` (each
     variant's metric and extra metrics in that sweep, at the end and over the run), ``starts:DIR`` (the spread
     of its runs' start evaluations), ``budget:DIR`` (the thinking-budget curve in
     docs/results/DIR/budget.csv, `ppo.run.thinking_budget`), ``noise:NAME`` and
@@ -124,6 +126,10 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
             from ppo.run.thinking_budget import read_csv, table
 
             tables[name] = table(read_csv(RESULTS_DIR / name.split(":", 1)[1] / "budget.csv"))
+        elif name.startswith("pair_noise:"):  # what a committed sweep's paired differences can see
+            from .noise import pair_noise_table
+
+            tables[name] = pair_noise_table(*read_sweep(RESULTS_DIR / name.split(":", 1)[1]))
         elif name.startswith(("noise:", "aa:")):  # docs/results/data/noise_NAME.json, aa_NAME.json
             kind, label = name.split(":", 1)
             tables[name] = instrument_table(kind, RESULTS_DIR / "data" / f"{kind}_{label}.json")
@@ -134,7 +140,8 @@ def generated_tables(rows: Sequence[dict], names: Sequence[str],
             tables[name] = paired_against(rows, ablation, base, specs)
         else:
             raise ValueError(f"unknown generated block {name!r} (claims, glance, table:ABLATION, "
-                             "pairs:ABLATION:VARIANT, glance:DIR, claims:DIR, gains:DIR, extras:DIR, starts:DIR, budget:DIR, "
+                             "pairs:ABLATION:VARIANT, glance:DIR, claims:DIR, gains:DIR, pair_noise:DIR, extras:DIR, starts:DIR, "
+                             "budget:DIR, "
                              "noise:NAME or aa:NAME)")
     return tables
 

@@ -244,6 +244,44 @@ def noise_table(measured: list[dict], base: str, seeds: int, target: float,
     return table
 
 
+PAIR_NOISE_COLUMNS = ("final_sampled_accuracy", "late_sampled_accuracy")
+
+
+def pair_noise_table(rows: Sequence[dict], specs: dict | None = None, seeds: int = 5, target: float = 0.025,
+                     columns: Sequence[str] = PAIR_NOISE_COLUMNS) -> str:
+    """What a committed sweep's own paired differences say a comparison can see, as markdown:
+    for each ablation, each variant against its base and each accuracy column, the responses per
+    step (the rollout batch: ``samples / total_steps`` of the base's runs), the pairs, the paired
+    sd (`paired_sd`), the difference `seeds` seeds detect (`smallest_detectable`) and the seeds
+    `target` needs (`seeds_needed`). `specs`: the ablations' descriptions (`read_sweep`), default
+    the registry's.
+
+    Worked example: differences 0.01, 0.03, 0.02 have sd 0.01, so 5 seeds detect
+    (2.776 + 0.941) * 0.01 / sqrt(5) = 0.0166 and 0.025 needs 4 seeds.
+    """
+    from .run_results import spec_for
+    from .variant_comparison import base_variant
+
+    def by_seed(ablation: str, variant: str, column: str) -> dict[int, float]:
+        return {int(r["seed"]): float(r[column]) for r in rows if r["ablation"] == ablation
+                and r["variant"] == variant and r.get("status", "ok") == "ok" and r.get(column) not in (None, "")}
+
+    lines = [f"| ablation | variant - base | responses per step | quantity | pairs | paired sd | detectable at {seeds} seeds "
+             f"| seeds for {target:g} |", "|---|---|---|---|---|---|---|---|"]
+    for ablation in dict.fromkeys(r["ablation"] for r in rows):
+        base = base_variant(ablation, [r["variant"] for r in rows if r["ablation"] == ablation], spec_for(ablation, specs))
+        base_rows = [r for r in rows if r["ablation"] == ablation and r["variant"] == base]
+        per_step = sorted({round(float(r["samples"]) / float(r["total_steps"])) for r in base_rows
+                           if r.get("samples") and r.get("total_steps")})
+        for variant in dict.fromkeys(r["variant"] for r in rows if r["ablation"] == ablation and r["variant"] != base):
+            for column in columns:
+                sd, n = paired_sd(by_seed(ablation, base, column), by_seed(ablation, variant, column))
+                lines.append(f"| `{ablation}` | `{variant}` - `{base}` | {', '.join(map(str, per_step)) or '-'} | "
+                             f"{LABELS.get(column, column)} | {n} | {_fmt(sd, 4)} | {_fmt(smallest_detectable(sd, seeds), 4)} | "
+                             f"{_fmt(seeds_needed(sd, target))} |")
+    return "\n".join(lines)
+
+
 def _fmt(value, digits: int = 3) -> str:
     if value is None:
         return "-"

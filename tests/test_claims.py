@@ -516,15 +516,37 @@ def test_extras_block_shows_each_metric_at_the_end_and_evaluation_keys_over_the_
     assert cells["seeds ok"] == "3/3"
 
 
-def test_extras_blocks_of_every_page_are_the_generated_ones():
-    """Every `extras:DIR` block in the docs (the over-optimisation sweep in alpacafarm.md among
-    them) is the table of the sweep committed in docs/results/DIR, regenerated here."""
-    pages = sorted((ROOT / "docs").glob("*.md"))
-    found = 0
-    for page in pages:
+# Blocks read from a sweep committed under docs/results/ (or its saved instrument data): any
+# page may hold them, and each must be what its data gives now.
+COMMITTED_DATA_BLOCKS = ("extras:", "gains:", "starts:", "pair_noise:", "glance:", "claims:", "budget:", "noise:", "aa:")
+
+
+def test_committed_data_blocks_of_every_page_are_the_generated_ones():
+    """Every block of docs/*.md that reads committed data (`extras:DIR` in alpacafarm.md,
+    `pair_noise:DIR` and `noise:NAME` in testbed.md, ...) is that data's table, regenerated here."""
+    found = set()
+    for page in sorted((ROOT / "docs").glob("*.md")):
         text = page.read_text()
-        names = [name for name in doc_blocks.block_names(text) if name.startswith("extras:")]
+        names = [name for name in doc_blocks.block_names(text) if name.startswith(COMMITTED_DATA_BLOCKS)]
         for name, content in doc_tables.generated_tables([], names).items():
             assert doc_blocks.generated_block(text, name) == content, f"{page.name}: {name}"
-            found += 1
-    assert found >= 1
+            found.add(name.split(":", 1)[0] + ":")
+    assert {"extras:", "gains:", "pair_noise:", "noise:", "aa:"} <= found
+
+
+def test_pair_noise_block_matches_hand_computation(tmp_path):
+    """pair_noise:DIR on a toy sweep: differences 0.01, 0.03, 0.02 (sd 0.01) -> 5 seeds detect
+    (2.776 + 0.941) * 0.01 / sqrt(5) = 0.0166, and 0.025 needs 4 seeds ((3.182 + 0.978) * 0.01 / 2
+    = 0.0208; 3 seeds: (4.303 + 1.061) * 0.01 / sqrt(3) = 0.0310); 40 samples over 10 steps is 4 a step."""
+    from ablations.noise import pair_noise_table
+    from ablations.run_results import AblationSpec
+
+    rows = [{"ablation": "toy", "variant": v, "seed": s, "status": "ok", "final_sampled_accuracy": x,
+             "late_sampled_accuracy": x, "samples": 40, "total_steps": 10}
+            for s, (a, b) in enumerate([(0.50, 0.51), (0.40, 0.43), (0.45, 0.47)], start=1)
+            for v, x in (("a", a), ("b", b))]
+    specs = {"toy": AblationSpec("toy", "?", "final_sampled_accuracy", base="a")}
+    table = pair_noise_table(rows, specs).splitlines()
+    assert table[2] == ("| `toy` | `b` - `a` | 4 | held-out sampled accuracy, final evaluation (as logged) | 3 | "
+                        "0.0100 | 0.0166 | 4 |")
+    assert len(table) == 4  # the late mean's row beside it

@@ -133,6 +133,39 @@ def test_relative_links_point_to_existing_files(doc):
     assert not broken, f"{doc.name}: links to missing files: {broken}"
 
 
+def heading_anchors(text: str) -> set[str]:
+    r"""The anchors GitHub makes for a page's headings (lower case, punctuation but ``-`` and ``_``
+    dropped, spaces as ``-``, a repeated heading suffixed ``-1``, ``-2``...), outside code fences.
+
+    >>> sorted(heading_anchors("# The course's claims\n## `ppo` vs GRPO: 5 seeds\n## Notes\n## Notes"))
+    ['notes', 'notes-1', 'ppo-vs-grpo-5-seeds', 'the-courses-claims']
+    """
+    anchors, seen, fenced = set(), {}, False
+    for line in text.splitlines():
+        if line.startswith("```"):
+            fenced = not fenced
+        heading = None if fenced else re.match(r"^#{1,6}\s+(.*?)\s*$", line)
+        if heading:
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).lower()).replace(" ", "-")
+            anchors.add(f"{slug}-{seen[slug]}" if slug in seen else slug)
+            seen[slug] = seen.get(slug, 0) + 1
+    return anchors
+
+
+@pytest.mark.parametrize("doc", DOC_FILES, ids=lambda path: path.relative_to(DOCS.parent).as_posix())
+def test_links_to_a_section_name_one_that_exists(doc):
+    """A link ``page.md#section`` (or ``#section`` in the page) names a heading of that page."""
+    broken = []
+    for target in _LINK.findall(doc.read_text()):
+        if re.match(r"^[a-z][a-z0-9+.-]*:", target) or "#" not in target:
+            continue
+        page, section = target.split("#", 1)
+        path = (doc.parent / page).resolve() if page else doc
+        if path.suffix == ".md" and path.exists() and section not in heading_anchors(path.read_text()):
+            broken.append(target)
+    assert not broken, f"{doc.name}: links to sections that are not there: {broken}"
+
+
 def test_every_preset_is_described():
     presets = section(CATALOGUE.read_text(), "Presets")
     missing = [name for name in PRESETS if f"`{name}`" not in presets]

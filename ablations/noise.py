@@ -251,9 +251,9 @@ def pair_noise_table(rows: Sequence[dict], specs: dict | None = None, seeds: int
                      columns: Sequence[str] = PAIR_NOISE_COLUMNS) -> str:
     """What a committed sweep's own paired differences say a comparison can see, as markdown:
     for each ablation, each variant against its base and each accuracy column, the responses per
-    step (the rollout batch: ``samples / total_steps`` of the base's runs), the pairs, the paired
-    sd (`paired_sd`), the difference `seeds` seeds detect (`smallest_detectable`) and the seeds
-    `target` needs (`seeds_needed`). `specs`: the ablations' descriptions (`read_sweep`), default
+    step (the rollout batch, ``samples / total_steps``; "base / variant" where the arms differ),
+    the pairs, the paired sd (`paired_sd`), the difference `seeds` seeds detect
+    (`smallest_detectable`) and the seeds `target` needs (`seeds_needed`). `specs`: the ablations' descriptions (`read_sweep`), default
     the registry's.
 
     Worked example: differences 0.01, 0.03, 0.02 have sd 0.01, so 5 seeds detect
@@ -266,17 +266,21 @@ def pair_noise_table(rows: Sequence[dict], specs: dict | None = None, seeds: int
         return {int(r["seed"]): float(r[column]) for r in rows if r["ablation"] == ablation
                 and r["variant"] == variant and r.get("status", "ok") == "ok" and r.get(column) not in (None, "")}
 
+    def per_step(ablation: str, variant: str) -> str:
+        sizes = sorted({round(float(r["samples"]) / float(r["total_steps"])) for r in rows
+                        if r["ablation"] == ablation and r["variant"] == variant and r.get("samples") and r.get("total_steps")})
+        return ", ".join(map(str, sizes)) or "-"
+
     lines = [f"| ablation | variant - base | responses per step | quantity | pairs | paired sd | detectable at {seeds} seeds "
              f"| seeds for {target:g} |", "|---|---|---|---|---|---|---|---|"]
     for ablation in dict.fromkeys(r["ablation"] for r in rows):
         base = base_variant(ablation, [r["variant"] for r in rows if r["ablation"] == ablation], spec_for(ablation, specs))
-        base_rows = [r for r in rows if r["ablation"] == ablation and r["variant"] == base]
-        per_step = sorted({round(float(r["samples"]) / float(r["total_steps"])) for r in base_rows
-                           if r.get("samples") and r.get("total_steps")})
         for variant in dict.fromkeys(r["variant"] for r in rows if r["ablation"] == ablation and r["variant"] != base):
+            batches = dict.fromkeys((per_step(ablation, base), per_step(ablation, variant)))
+            batch = " / ".join(batches)
             for column in columns:
                 sd, n = paired_sd(by_seed(ablation, base, column), by_seed(ablation, variant, column))
-                lines.append(f"| `{ablation}` | `{variant}` - `{base}` | {', '.join(map(str, per_step)) or '-'} | "
+                lines.append(f"| `{ablation}` | `{variant}` - `{base}` | {batch} | "
                              f"{LABELS.get(column, column)} | {n} | {_fmt(sd, 4)} | {_fmt(smallest_detectable(sd, seeds), 4)} | "
                              f"{_fmt(seeds_needed(sd, target))} |")
     return "\n".join(lines)

@@ -550,3 +550,5 @@ def test_pair_noise_block_matches_hand_computation(tmp_path):
     assert table[2] == ("| `toy` | `b` - `a` | 4 | held-out sampled accuracy, final evaluation (as logged) | 3 | "
                         "0.0100 | 0.0166 | 4 |")
     assert len(table) == 4  # the late mean's row beside it
+    rows += [{**row, "variant": "c", "samples": 80} for row in rows if row["variant"] == "b"]
+    assert "| `toy` | `c` - `a` | 4 / 8 |" in pair_noise_table(rows, specs)  # arms of other batches: both shown

@@ -39,7 +39,7 @@ from typing import Sequence
 
 from .definitions import Amendment, Claim  # noqa: F401  (the types live with the ablation's)
 from .report_tables import _fmt
-from .run_results import TEXT_COLUMNS, AblationSpec, collect_runs, sweep_specs
+from .run_results import TEXT_COLUMNS, AblationSpec, collect_runs, seed_values, sweep_specs
 from .stats import as_float as _as_float
 from .stats import MIN_PAIRS, paired_difference, t_two_sided_p
 
@@ -196,13 +196,6 @@ def _parse_number(text: str | None) -> float:
     return float(text)
 
 
-def _values(rows: Sequence[dict], ablation: str, variant: str, column: str,
-            seeds: Sequence[int] | None = None) -> dict[int, float]:
-    return {r["seed"]: _as_float(r.get(column)) for r in rows
-            if r["ablation"] == ablation and r["variant"] == variant and r["status"] == "ok"
-            and (seeds is None or r["seed"] in seeds)}
-
-
 # ==========================================================================================
 # Verdicts
 # ==========================================================================================
@@ -251,8 +244,8 @@ def _test(claim: Claim, rows: Sequence[dict], first, second, seeds) -> dict:
     """The paired difference ``first - second`` over `seeds` and the p-value of the test the
     claim's verdict rests on (TOST for a claim of no difference with a margin; the one-sided
     non-inferiority test for a directed claim with one)."""
-    stats = paired_difference(_values(rows, claim.ablation, *second, seeds),
-                              _values(rows, claim.ablation, *first, seeds))  # variant - base = first - second
+    stats = paired_difference(seed_values(rows, claim.ablation, *second, seeds),
+                              seed_values(rows, claim.ablation, *first, seeds))  # variant - base = first - second
     stats["logged"] = all(any(r["ablation"] == claim.ablation and r["variant"] == variant and r["status"] == "ok"
                               and math.isfinite(_as_float(r.get(column))) for r in rows)
                           for variant, column in (first, second))
@@ -292,8 +285,8 @@ def evaluate_claims(rows: Sequence[dict], claims: Sequence[Claim] = CLAIMS) -> l
                                         _test(c, rows, c.first, c.second, c.seeds) for c, a in zip(claims, latest)])
     for result, later, amendment, claim in zip(registered, amended, latest, claims):
         # Seeds at which both arms ran but the registration did not name (left out of the test).
-        in_data = (_values(rows, claim.ablation, claim.first[0], "seed").keys()
-                   & _values(rows, claim.ablation, claim.second[0], "seed").keys())
+        in_data = (seed_values(rows, claim.ablation, claim.first[0], "seed").keys()
+                   & seed_values(rows, claim.ablation, claim.second[0], "seed").keys())
         result["unregistered_seeds"] = sorted(in_data - set(claim.seeds))
         result["missing_seeds"] = sorted(set(claim.seeds) - set(result["seeds"])) if result["n"] else []
         if amendment is not None:

@@ -253,18 +253,14 @@ def pair_noise_table(rows: Sequence[dict], specs: dict | None = None, seeds: int
     for each ablation, each variant against its base and each accuracy column, the responses per
     step (the rollout batch, ``samples / total_steps``; "base / variant" where the arms differ),
     the pairs, the paired sd (`paired_sd`), the difference `seeds` seeds detect
-    (`smallest_detectable`) and the seeds `target` needs (`seeds_needed`). `specs`: the ablations' descriptions (`read_sweep`), default
-    the registry's.
+    (`smallest_detectable`) and the seeds `target` needs (`seeds_needed`). `specs`: the
+    ablations' descriptions (`read_sweep`), default the registry's.
 
     Worked example: differences 0.01, 0.03, 0.02 have sd 0.01, so 5 seeds detect
     (2.776 + 0.941) * 0.01 / sqrt(5) = 0.0166 and 0.025 needs 4 seeds.
     """
-    from .run_results import spec_for
+    from .run_results import seed_values, spec_for
     from .variant_comparison import base_variant
-
-    def by_seed(ablation: str, variant: str, column: str) -> dict[int, float]:
-        return {int(r["seed"]): float(r[column]) for r in rows if r["ablation"] == ablation
-                and r["variant"] == variant and r.get("status", "ok") == "ok" and r.get(column) not in (None, "")}
 
     def per_step(ablation: str, variant: str) -> str:
         sizes = sorted({round(float(r["samples"]) / float(r["total_steps"])) for r in rows
@@ -279,7 +275,7 @@ def pair_noise_table(rows: Sequence[dict], specs: dict | None = None, seeds: int
             batches = dict.fromkeys((per_step(ablation, base), per_step(ablation, variant)))
             batch = " / ".join(batches)
             for column in columns:
-                sd, n = paired_sd(by_seed(ablation, base, column), by_seed(ablation, variant, column))
+                sd, n = paired_sd(seed_values(rows, ablation, base, column), seed_values(rows, ablation, variant, column))
                 lines.append(f"| `{ablation}` | `{variant}` - `{base}` | {batch} | "
                              f"{LABELS.get(column, column)} | {n} | {_fmt(sd, 4)} | {_fmt(smallest_detectable(sd, seeds), 4)} | "
                              f"{_fmt(seeds_needed(sd, target))} |")

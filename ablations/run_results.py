@@ -142,6 +142,14 @@ def sweep_specs(source: str | Path, names: Iterable[str]) -> dict[str, AblationS
     return {name: ablation_spec(name, directory) for name in dict.fromkeys(names)}
 
 
+def seed_values(rows: Sequence[dict], ablation: str, variant: str, column: str,
+                seeds: Sequence[int] | None = None) -> dict[int, float]:
+    """Seed -> `column` (a float, NaN if blank) of the finished runs of one arm, optionally only at `seeds`."""
+    return {r["seed"]: _as_float(r.get(column)) for r in rows
+            if r["ablation"] == ablation and r["variant"] == variant and r["status"] == "ok"
+            and (seeds is None or r["seed"] in seeds)}
+
+
 def spec_for(name: str, specs: "dict[str, AblationSpec] | None") -> AblationSpec:
     """`specs[name]` when given, else `ablation_spec(name)` (the registry's description)."""
     if specs is not None and name in specs:

@@ -54,3 +54,15 @@ def tiny_model_dir(tmp_path_factory, char_tokenizer):
     model.save_pretrained(path)
     char_tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture
+def restored_registry():
+    """The shared table of ablations as it was before the test: an ablation file a test loads
+    registers itself (`ablations.ablation_files.load_ablation_file`)."""
+    from ablations import registry
+
+    before = dict(registry.ABLATIONS)
+    yield
+    registry.ABLATIONS.clear()
+    registry.ABLATIONS.update(before)

@@ -46,13 +46,8 @@ variants:
 """
 
 
-@pytest.fixture(autouse=True)
-def fresh_registry():
-    """Whatever a test registers from its files is gone after it: the shared table is restored."""
-    before = dict(registry.ABLATIONS)
-    yield
-    registry.ABLATIONS.clear()
-    registry.ABLATIONS.update(before)
+# Whatever a test registers from its files is gone after it: the shared table is restored.
+pytestmark = pytest.mark.usefixtures("restored_registry")
 
 
 def write(path: Path, text: str) -> Path:

@@ -95,17 +95,6 @@ def test_the_command_times_every_distinct_run_and_writes_json(tmp_path, tiny_mod
     assert "[2/2] tiny_estimate/beta" in text and "4 runs (2 distinct configs x seeds)" in text
 
 
-@pytest.fixture
-def restored_registry():
-    """An ablation file registers itself; the shared table is restored after the test."""
-    from ablations import registry
-
-    before = dict(registry.ABLATIONS)
-    yield
-    registry.ABLATIONS.clear()
-    registry.ABLATIONS.update(before)
-
-
 def test_an_ablation_file_is_estimated_with_its_own_seeds(tmp_path, tiny_model_dir, restored_registry, capsys):
     """`estimate` reads an ablation file as `run` does; without --seeds it projects the file's."""
     import json

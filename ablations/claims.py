@@ -134,6 +134,12 @@ CLAIMS: tuple[Claim, ...] = (
     # The two claims below compare clean pairs that differ in the advantage estimator alone.
     # Margin: 0.03 held-out accuracy, a third of the gain 60 steps of GRPO made from the warm
     # start in the 5-seed sweep before the first registration (+0.090).
+    # Rerun at 128 responses per step (ablations/registry.py, FAMILY_BATCH), registered before its
+    # runs: claims, margins and seeds 1-7 unchanged (at 128 GRPO gained +0.086 over the start in
+    # the presets pilot, so the margin stays near a third of its gain). Alongside, the
+    # instrument's target: the paired sd of final_sampled_accuracy, grpo - ppo, over these 7
+    # seeds, and the difference 5 seeds detect from it; the pilot's 14 pairs predict 0.019
+    # (<= 0.025 is the target).
     Claim("GRPO needs no value model: it learns as well as with a learned critic and GAE, at equal samples and "
           "optimizer steps.", "DeepSeekMath; the course", "ppo_vs_grpo", ("grpo", ACC), ("grpo_critic", ACC), 0,
           "held-out sampled accuracy", seeds(7), margin=0.03,

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "results" / "data" / "results.csv"
 DOC = ROOT / "docs" / "results.md"
 REPORT_DIR = ROOT / "docs" / "results" / "reruns"  # one directory per step, indexed by its README.md
-STEPS = 60  # every run of the plan: 60 steps x 64 samples = 3840 samples
+STEPS = 60  # every run of the plan: 60 steps x 64 samples = 3840 (ppo_vs_grpo: x 128 = 7680)
 
 
 @dataclass(frozen=True)
@@ -104,19 +104,31 @@ def planned_specs(sweep_dir: Path, plan: tuple[SweepStep, ...] = PLAN) -> list:
 
 def committed_step(step: SweepStep, report_dir: Path = REPORT_DIR) -> str | None:
     """Why `step` is done (its committed ``results.csv`` in ``report_dir/<ablation>`` holds every
-    planned run, finished, from a clean commit), else None."""
+    planned run, finished, from a clean commit, with the samples the plan's config trains:
+    a run at another rollout batch or length is not the planned run), else None."""
     from .claims import read_results
 
     path = report_dir / step.ablation / "results.csv"
     if not path.is_file():
         return None
     rows = read_results(path)
-    done = {(r["variant"], r["seed"]) for r in rows if r["status"] == "ok" and str(r.get("prov_dirty")) == "False"}
-    planned = {(variant.name, seed) for variant in step_ablation(step).variants for seed in range(1, step.seeds + 1)}
+    ablation = step_ablation(step)
+    samples = {variant.name: STEPS * ablation.config(variant, 1, "unused").rollout_batch_size
+               for variant in ablation.variants}
+    done = {(r["variant"], r["seed"]) for r in rows if r["status"] == "ok" and str(r.get("prov_dirty")) == "False"
+            and _same_number(r.get("samples"), samples.get(r["variant"]))}
+    planned = {(variant.name, seed) for variant in ablation.variants for seed in range(1, step.seeds + 1)}
     if not planned <= done:
         return None
     commits = sorted({str(r.get("prov_commit", ""))[:12] for r in rows})
     return f"{len(planned)} runs committed in {path} (commit {', '.join(commits)})"
+
+
+def _same_number(recorded, planned) -> bool:
+    try:
+        return planned is not None and float(recorded) == planned
+    except (TypeError, ValueError):
+        return False
 
 
 def projected_seconds(specs: list, threads: int = 1, timed_steps: int = 2) -> list:

@@ -379,14 +379,15 @@ def test_reproduce_dry_run_prints_the_plan_and_a_projection_without_running(tmp_
     assert sum(runs for _, _, runs in timed) < len(reproduce.planned_specs(tmp_path / "sw"))
 
 
-def _committed_step(report_dir, ablation, variants, seeds, commit="a" * 40, dirty=False):
+def _committed_step(report_dir, ablation, variants, seeds, commit="a" * 40, dirty=False, samples=60 * 64):
     import csv
 
     (report_dir / ablation).mkdir(parents=True, exist_ok=True)
     with open(report_dir / ablation / "results.csv", "w", newline="") as handle:
         writer = csv.writer(handle)
-        writer.writerow(["ablation", "variant", "seed", "status", "final_sampled_accuracy", "prov_commit", "prov_dirty"])
-        writer.writerows([ablation, v, s, "ok", 0.5, commit, dirty] for v in variants for s in seeds)
+        writer.writerow(["ablation", "variant", "seed", "status", "final_sampled_accuracy", "samples", "prov_commit",
+                         "prov_dirty"])
+        writer.writerows([ablation, v, s, "ok", 0.5, samples, commit, dirty] for v in variants for s in seeds)
 
 
 def test_reproduce_runs_each_step_into_its_own_sweep_and_skips_the_committed_ones(tmp_path, capsys, monkeypatch):
@@ -412,7 +413,7 @@ def test_reproduce_runs_each_step_into_its_own_sweep_and_skips_the_committed_one
     for seed in (1, 2, 3):
         for variant in ("per_sequence", "constant"):
             _finished_run(sweep / "length_norm_room" / "length_norm_room" / variant / f"seed{seed}", "a" * 40,
-                          "weak", 0.3)
+                          "weak", 0.3, samples=60 * 64)
     ran = []
     monkeypatch.setattr(ppo.tasks.rlhf, "is_built", lambda path: True)
     monkeypatch.setattr(estimate, "time_run", lambda ablation, variant, config, runs, *a:
@@ -443,6 +444,11 @@ def test_reproduce_runs_each_step_into_its_own_sweep_and_skips_the_committed_one
     _committed_step(reruns, "length_norm", ("per_sequence", "constant"), (1, 2, 3), dirty=True)
     assert reproduce.committed_step(plan[0], reruns) is None
     assert "6 runs committed" in reproduce.committed_step(plan[1], reruns)
+    # ... and so is one whose runs trained other samples than the plan's (another rollout batch)
+    _committed_step(reruns, "length_norm", ("per_sequence", "constant"), (1, 2, 3), samples=60 * 128)
+    assert reproduce.committed_step(plan[0], reruns) is None
+    _committed_step(reruns, "length_norm", ("per_sequence", "constant"), (1, 2, 3))
+    assert "6 runs committed" in reproduce.committed_step(plan[0], reruns)
 
 
 def test_reproduce_refuses_a_dirty_tree_unless_told_and_records_the_override(tmp_path, capsys, monkeypatch):

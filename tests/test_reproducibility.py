@@ -98,8 +98,9 @@ def test_provenance_names_the_reward_model_a_run_is_scored_by(tiny_model_dir):
     assert record["reward_model"] == sft.weights_sha256(tiny_model_dir)[:16]
 
 
-def _finished_run(run_dir, commit, warm_start, final):
-    """A run directory as a finished run leaves it, with the given provenance."""
+def _finished_run(run_dir, commit, warm_start, final, samples=None):
+    """A run directory as a finished run leaves it, with the given provenance (and the samples
+    it trained, when given)."""
     import json
 
     run_dir.mkdir(parents=True)
@@ -110,7 +111,7 @@ def _finished_run(run_dir, commit, warm_start, final):
     record.update(commit=commit, warm_start=warm_start, dirty=False)
     (run_dir / "summary.json").write_text(json.dumps({
         "steps": 1, "initial_eval": {"sampled_accuracy": 0.4}, "final_eval": {"sampled_accuracy": final},
-        "provenance": record}))
+        "provenance": record, **({"samples": samples} if samples is not None else {})}))
 
 
 def test_the_report_refuses_to_pool_runs_of_different_code_or_warm_starts(tmp_path, capsys):

@@ -113,10 +113,9 @@ def committed_step(step: SweepStep, report_dir: Path = REPORT_DIR) -> str | None
         return None
     rows = read_results(path)
     ablation = step_ablation(step)
-    samples = {variant.name: STEPS * ablation.config(variant, 1, "unused").rollout_batch_size
-               for variant in ablation.variants}
+    configs = {variant.name: ablation.config(variant, 1, "unused") for variant in ablation.variants}
     done = {(r["variant"], r["seed"]) for r in rows if r["status"] == "ok" and str(r.get("prov_dirty")) == "False"
-            and _same_number(r.get("samples"), samples.get(r["variant"]))}
+            and r["variant"] in configs and _planned_samples(r.get("samples"), configs[r["variant"]])}
     planned = {(variant.name, seed) for variant in ablation.variants for seed in range(1, step.seeds + 1)}
     if not planned <= done:
         return None
@@ -124,11 +123,16 @@ def committed_step(step: SweepStep, report_dir: Path = REPORT_DIR) -> str | None
     return f"{len(planned)} runs committed in {path} (commit {', '.join(commits)})"
 
 
-def _same_number(recorded, planned) -> bool:
+def _planned_samples(recorded, config) -> bool:
+    """Whether a run that recorded `recorded` samples trained what `config` plans: `STEPS` rollout
+    batches, or more responses where the config resamples groups (it generates extra rounds)."""
+    planned = STEPS * config.rollout_batch_size
     try:
-        return planned is not None and float(recorded) == planned
+        recorded = float(recorded)
     except (TypeError, ValueError):
         return False
+    resamples = config.difficulty_filter and config.difficulty_filter_mode == "resample"
+    return recorded >= planned if resamples else recorded == planned
 
 
 def projected_seconds(specs: list, threads: int = 1, timed_steps: int = 2) -> list:

@@ -83,3 +83,20 @@ def test_data_parallel_only_toggles_name_a_field_and_an_existing_test():
     # In one process each warns that it cannot act (whitening is on in the default config).
     for field, value in (("whitening_scope", "process"), ("sharding", "fsdp")):
         assert any(m.startswith(f"PPOConfig.{field}:") for m in run_warnings(PPOConfig(**{field: value}), 1))
+
+
+def test_the_families_compare_at_equal_samples_on_the_finer_batch(tmp_path):
+    """Every ppo_vs_grpo arm trains on FAMILY_BATCH's 128 responses per step (the resolution
+    docs/testbed.md measured), so its comparisons stay at equal samples; each claim pair still
+    differs in the advantage estimator alone."""
+    from dataclasses import asdict
+
+    from ablations.registry import FAMILY_BATCH
+
+    ablation = get_ablation("ppo_vs_grpo")
+    configs = {v.name: asdict(ablation.config(v, 1, str(tmp_path))) for v in ablation.variants}
+    assert {c["rollout_batch_size"] for c in configs.values()} == {FAMILY_BATCH["rollout_batch_size"]} == {128}
+    assert get_ablation("quick").config(get_ablation("quick").base, 1, str(tmp_path)).rollout_batch_size == 64
+    for arm, partner in (("grpo_critic", "grpo"), ("dr_grpo_rloo", "dr_grpo")):
+        differ = {k for k in configs[arm] if configs[arm][k] != configs[partner][k]}
+        assert differ == {"advantage_estimator"}, (arm, differ)

@@ -484,11 +484,11 @@ def _prose_without_generated_content(text):
 
 
 def test_docs_results_prose_states_only_generated_numbers():
-    """A reader of docs/results.md finishes it (at most 355 lines), and every measurement its
-    prose states is one a generated table on the page shows, so a rerun cannot leave the prose
-    saying something the data no longer does."""
+    """A reader of docs/results.md finishes it (at most 380 lines: 355 before the instrument's
+    noise table joined it), and every measurement its prose states is one a generated table on
+    the page shows, so a rerun cannot leave the prose saying something the data no longer does."""
     text = (ROOT / "docs" / "results.md").read_text()
-    assert len(text.splitlines()) <= 355
+    assert len(text.splitlines()) <= 380
     generated = "\n".join(doc_blocks.generated_block(text, name) for name in doc_blocks.block_names(text))
     if "kl-gradient-study:begin" in text:
         generated += text[text.index("kl-gradient-study:begin"):]

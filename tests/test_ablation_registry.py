@@ -87,8 +87,9 @@ def test_data_parallel_only_toggles_name_a_field_and_an_existing_test():
 
 def test_the_families_compare_at_equal_samples_on_the_finer_batch(tmp_path):
     """Every ppo_vs_grpo arm trains on FAMILY_BATCH's 128 responses per step (the resolution
-    docs/testbed.md measured), so its comparisons stay at equal samples; each claim pair still
-    differs in the advantage estimator alone."""
+    docs/testbed.md measured), so its comparisons stay at equal samples, and so does the demo's
+    `quick`; the other ablations keep the testbed's 64. Each claim pair still differs in the
+    advantage estimator alone."""
     from dataclasses import asdict
 
     from ablations.registry import FAMILY_BATCH
@@ -96,7 +97,10 @@ def test_the_families_compare_at_equal_samples_on_the_finer_batch(tmp_path):
     ablation = get_ablation("ppo_vs_grpo")
     configs = {v.name: asdict(ablation.config(v, 1, str(tmp_path))) for v in ablation.variants}
     assert {c["rollout_batch_size"] for c in configs.values()} == {FAMILY_BATCH["rollout_batch_size"]} == {128}
-    assert get_ablation("quick").config(get_ablation("quick").base, 1, str(tmp_path)).rollout_batch_size == 64
+    quick = get_ablation("quick")  # the demo compares the families too
+    assert {quick.config(v, 1, str(tmp_path)).rollout_batch_size for v in quick.variants} == {128}
+    assert get_ablation("kl_clip_at_zero").config(get_ablation("kl_clip_at_zero").base, 1,
+                                                  str(tmp_path)).rollout_batch_size == 64  # the testbed's own
     for arm, partner in (("grpo_critic", "grpo"), ("dr_grpo_rloo", "dr_grpo")):
         differ = {k for k in configs[arm] if configs[arm][k] != configs[partner][k]}
         assert differ == {"advantage_estimator"}, (arm, differ)

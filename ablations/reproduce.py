@@ -7,9 +7,10 @@ the seeds its claims were registered with. Each step's results are committed on 
 ``docs/results/reruns/<ablation>/``, so a rerun that takes several sittings keeps what it has:
 
 1. Prints the plan and its projected time. A step whose committed results already hold every
-   planned run (clean provenance) is done and costs nothing; in the others, runs already
-   complete in the sweep directory cost nothing (the runner skips them), nor do runs identical
-   to another of the plan (copied); each distinct config still to train is built and timed for
+   planned run (clean provenance, the samples the plan's config trains) is done and costs
+   nothing; in the others, runs already complete in the sweep directory cost nothing (the
+   runner skips them), nor do runs identical to another of the plan (copied); each distinct
+   config still to train is built and timed for
    a few steps (`ablations.estimate`, a minute or two in all). ``--dry-run`` stops here.
 2. Builds the reward model of ``alpacafarm_overoptimization`` if the cache lacks it
    (``python -m ppo.tasks.rlhf build``; before the timing, so its runs are timed too), then runs

@@ -177,7 +177,9 @@ PRESETS: dict[str, dict[str, Any]] = {
 # Shrinks batch sizes and step counts (and only those, plus settings a 0.9M-parameter
 # model needs, listed below) so a preset runs in minutes on the CPU testbed.
 TESTBED_SCALE: dict[str, Any] = dict(
-    rollout_batch_size=64,  # keeps each preset's rollout/minibatch ratio (num_minibatches unchanged)
+    # Keeps each preset's rollout/minibatch ratio (num_minibatches unchanged). Comparisons of the
+    # families (PPO against GRPO, and the demo) train on 128: ablations/registry.py, FAMILY_BATCH.
+    rollout_batch_size=64,
     total_steps=100,
     response_length=64,
     eval_every=20,

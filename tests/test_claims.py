@@ -529,7 +529,7 @@ COMMITTED_DATA_BLOCKS = ("extras:", "gains:", "starts:", "pair_noise:", "glance:
 
 def test_committed_data_blocks_of_every_page_are_the_generated_ones():
     """Every block of docs/*.md that reads committed data (`extras:DIR` in alpacafarm.md,
-    `pair_noise:DIR` and `noise:NAME` in testbed.md, ...) is that data's table, regenerated here."""
+    `pair_noise:DIR` in testbed.md, `noise:NAME` in results.md, ...) is that data's table, regenerated here."""
     found = set()
     for page in sorted((ROOT / "docs").glob("*.md")):
         text = page.read_text()
